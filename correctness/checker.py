@@ -1,0 +1,123 @@
+"""The checker: run an estimator implementation forward and backward, compare with the oracle.
+
+`check` takes any callable with the op's signature, so the same code judges every registered
+backend and the deliberately wrong implementations it must reject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
+from reference.inputs import Gates
+from reference.tolerance import worst_error
+
+EstimatorFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One quantity (y, dx, dact, dweight, dbias, or an input) that failed its check."""
+
+    quantity: str
+    error: float
+    tolerance: float
+
+    def __str__(self) -> str:
+        return f"{self.quantity}: error {self.error:.3g} > tolerance {self.tolerance:.3g}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the inputs are laid out in memory: contiguous, or strided views of bigger buffers."""
+
+    contiguous: bool = True
+
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        if self.contiguous or t.dim() == 1:
+            return t
+        # the same values, reached through transposed or sliced views
+        if t.dim() == 2:
+            spread = torch.empty(t.shape[0], 2 * t.shape[1], dtype=t.dtype, device=t.device)
+            spread[:, ::2] = t
+            return spread[:, ::2]
+        return t.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+
+
+def check(
+    fn: EstimatorFn,
+    batch: int,
+    inputs: int,
+    paths: int,
+    outputs: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+    gates: Gates = "binary",
+    bias: bool = True,
+    grads: tuple[str, ...] = ("x", "act", "weight", "bias"),
+    layout: Layout = Layout(),
+    tf32: bool = False,
+    positive: bool = False,
+) -> list[Mismatch]:
+    """Every quantity of fn(x, act, weight, bias) that misses the float64 oracle.
+
+    `grads` names the inputs that require a gradient (any subset of x, act, weight, bias);
+    the others do not, so the backward computes only what is needed. An input that fn
+    modifies, and an exception fn raises, are reported too.
+    """
+    data = make_inputs(batch, inputs, paths, outputs, dtype=dtype, device=device, seed=seed,
+                       gates=gates, bias=bias, positive=positive)
+    tensors = {name: layout.apply(t) for name, t in data._asdict().items() if t is not None}
+    before = {name: t.clone() for name, t in tensors.items()}
+    for name, t in tensors.items():
+        t.requires_grad_(name in grads)
+
+    tol = tolerance(dtype, tf32)
+    failures: list[Mismatch] = []
+
+    def compare(quantity: str, actual: torch.Tensor | None, expected, scale) -> None:
+        if actual is None:
+            failures.append(Mismatch(f"{quantity} (missing)", float("inf"), tol))
+            return
+        try:
+            error = worst_error(actual, expected, scale)
+        except ValueError:
+            error = float("inf")
+        if not error <= tol or actual.dtype != dtype:
+            failures.append(Mismatch(quantity, error, tol))
+
+    x, act, weight = tensors["x"], tensors["act"], tensors["weight"]
+    b = tensors.get("bias")
+    # the oracle sees the values as they were before the call, whatever fn does to them
+    x0, act0, weight0, b0 = before["x"], before["act"], before["weight"], before.get("bias")
+    try:
+        y = fn(x, act, weight, b)
+    except Exception as error:
+        return [Mismatch(f"forward raised {type(error).__name__}: {error}", float("inf"), tol)]
+    compare("y", y, forward64(x0, act0, weight0, b0), abs_forward64(x0, act0, weight0, b0))
+
+    wanted = [name for name in ("x", "act", "weight", "bias") if name in grads and name in tensors]
+    if wanted and y.requires_grad:
+        gen = torch.Generator().manual_seed(seed + 1)
+        dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.device, dtype)
+        try:
+            got = torch.autograd.grad(y, [tensors[n] for n in wanted], dy, allow_unused=True)
+        except Exception as error:
+            raised = f"backward raised {type(error).__name__}: {error}"
+            return [*failures, Mismatch(raised, float("inf"), tol)]
+        expected = grads64(dy, x0, act0, weight0)._asdict()
+        scale = abs_grads64(dy, x0, act0, weight0)._asdict()
+        for name, g in zip(wanted, got, strict=True):
+            compare(f"d{name}", g, expected[name], scale[name])
+    elif wanted:
+        failures.append(Mismatch("y does not require grad", float("inf"), tol))
+
+    for name, t in tensors.items():
+        if not torch.equal(t.detach(), before[name]):
+            failures.append(Mismatch(f"input {name} was modified", float("inf"), 0.0))
+    return failures

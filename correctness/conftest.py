@@ -1,0 +1,64 @@
+"""Which backends and devices the suite runs on.
+
+Every registered backend runs on every device it declares; a device this machine lacks
+(CUDA here) or a backend unavailable on it is skipped with the registry's reason, so the
+same command runs everything on a GPU machine. `GLAI_BACKEND=name pytest correctness/`
+restricts the backend-parametrised tests to that backend.
+
+Triton's interpreter must be chosen before any `@triton.jit` module is imported, so on a
+machine without CUDA this file turns it on before glai_kernels is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+
+import glai_kernels
+from glai_kernels import registry
+
+DEVICES = ("cpu", "cuda")
+
+
+def backends_under_test() -> list[str]:
+    chosen = os.environ.get(registry.ENV_VAR)
+    if chosen and chosen != registry.AUTO:
+        registry.get(chosen)  # an unknown name fails loudly, listing the registered ones
+        return [chosen]
+    return [s.name for s in glai_kernels.backends()]
+
+
+def backend_device_params() -> list:
+    params = []
+    for name in backends_under_test():
+        backend = registry.get(name)
+        for device in DEVICES:
+            if device not in backend.devices:
+                continue
+            reason = backend.unsupported_reason(device)
+            marks = [pytest.mark.skip(reason=f"{name} on {device}: {reason}")] if reason else []
+            if device == "cuda":
+                marks.append(pytest.mark.cuda)
+            params.append(pytest.param((name, device), id=f"{name}-{device}", marks=marks))
+    return params
+
+
+@pytest.fixture(params=backend_device_params())
+def backend_device(request) -> tuple[str, str]:
+    """(backend name, device) for every available pair."""
+    return request.param
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: runs on a CUDA device")
+    config.addinivalue_line("markers", "slow: a long case (the paper's large heads)")

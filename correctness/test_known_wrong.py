@@ -1,0 +1,73 @@
+"""The checker rejects wrong kernels, through the registry as well as called directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checker import check
+from known_wrong import KNOWN_WRONG, accumulates_in_half
+
+import glai_kernels
+from glai_kernels import registry
+from reference import listing1_forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("name", KNOWN_WRONG)
+def test_checker_rejects(name, dtype):
+    fn, quantity = KNOWN_WRONG[name]
+    failures = check(fn, 6, 5, 4, 3, dtype=dtype, seed=9)
+    assert any(f.quantity == quantity for f in failures), failures
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["f32", "f64", "bf16"])
+def test_checker_accepts_the_oracle(dtype):
+    assert check(listing1_forward, 6, 5, 4, 3, dtype=dtype, seed=9) == []
+
+
+def test_checker_rejects_half_accumulation_at_long_sums():
+    failures = check(accumulates_in_half, 4, 64, 64, 2, dtype=torch.float16, seed=10,
+                     grads=(), positive=True)
+    assert [f.quantity for f in failures] == ["y"]
+    # the same sums are short enough to pass at small K: the failure is the accumulator's
+    assert check(accumulates_in_half, 4, 2, 3, 2, dtype=torch.float16, seed=10, grads=(),
+                 positive=True) == []
+
+
+def test_checker_rejects_a_wrong_registered_backend():
+    def forward(x, act, weight):  # forgets that act gates the paths
+        return torch.einsum("bi,ois->bo", x, weight)
+
+    def backward(dy, x, act, weight, needs):
+        return (None, None, None)
+
+    registry.register(registry.Backend(name="wrong_forward", forward=forward, backward=backward,
+                                       devices=("cpu",), description="wrong on purpose"))
+    try:
+        failures = check(lambda x, a, w, b: glai_kernels.estimator(x, a, w, b,
+                                                                   backend="wrong_forward"),
+                         5, 4, 3, 2, seed=11)
+    finally:
+        registry.unregister("wrong_forward")
+    assert failures[0].quantity == "y"
+    assert failures[1].quantity.startswith("backward raised RuntimeError: backend "
+                                           "'wrong_forward' returned nothing for dx")
+
+
+def test_checker_catches_a_backend_that_modifies_its_input():
+    def forward(x, act, weight):
+        result = torch.einsum("bi,bs,ois->bo", x, act, weight)
+        x.mul_(2)  # the op hands contiguous inputs straight through: this is the caller's x
+        return result
+
+    registry.register(registry.Backend(name="mutating", forward=forward,
+                                       backward=lambda *a: (None, None, None),
+                                       devices=("cpu",), description="mutates on purpose"))
+    try:
+        failures = check(lambda x, a, w, b: glai_kernels.estimator(x, a, w, b, backend="mutating"),
+                         3, 4, 2, 2, seed=12, grads=())
+    finally:
+        registry.unregister("mutating")
+    assert [f.quantity for f in failures] == ["input x was modified"]

@@ -1,0 +1,91 @@
+"""`torch`: the estimator as plain PyTorch GEMMs that never materialise [B, I, P].
+
+Forward (the Z-form of SPEC §2): Z[o] = x @ weight[o], one batched GEMM over the contiguous
+[I, P] slices of weight, then y[b, o] = sum_s Z[o, b, s] act[b, s]. Z is [O, B, P], small
+next to [B, I, P] whenever O < I; when act needs a gradient the forward keeps it, because
+    dact[b, s] = sum_o dy[b, o] Z[o, b, s]
+then costs B*O*P instead of a fourth GEMM.
+
+Backward, with weight viewed as W2 [O*I, P] (a free view of the contiguous weight):
+    U = dy[b, o] x[b, i] as [B, O*I];  dact = U @ W2 (if Z was not kept);  dweight = U^T @ act
+    V = dy[b, o] act[b, s] as [B, O*P];  dx = V @ weight^T viewed [O*P, I]
+Each is one GEMM with K in {O*I, B, O*P}. The measurements behind these choices are in
+bench/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glai_kernels.contract import Shape, accumulation_dtype
+from glai_kernels.registry import Backend, register
+
+
+def _z(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(x, weight)  # [O, B, P]
+
+
+def _contract_z(z: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+    # y[b, o] = sum_s z[o, b, s] act[b, s], accumulated in float32 for half inputs
+    return (z * act).sum(-1, dtype=accumulation_dtype(z.dtype)).t().to(act.dtype)
+
+
+def gemm_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, I], act [B, P], weight [O, I, P] -> y [B, O]."""
+    return _contract_z(_z(x, weight), act)
+
+
+def gemm_forward_saving(
+    x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As gemm_forward, also returning Z [O, B, P] for a cheap dact."""
+    z = _z(x, weight)
+    return _contract_z(z, act), z
+
+
+def gemm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    weight: torch.Tensor,
+    needs: tuple[bool, bool, bool],
+    saved: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), only those in `needs`.
+
+    `saved`, when given, is the forward's Z [O, B, P].
+    """
+    need_x, need_act, need_weight = needs
+    batch, inputs = x.shape
+    outputs, _, paths = weight.shape
+    dx = dact = dweight = None
+    if need_act and saved is not None:
+        dact = torch.bmm(dy.unsqueeze(1), saved.transpose(0, 1)).squeeze(1)
+    if (need_act and dact is None) or need_weight:
+        u = (dy.unsqueeze(2) * x.unsqueeze(1)).view(batch, outputs * inputs)
+        if need_act and dact is None:
+            dact = u @ weight.view(outputs * inputs, paths)
+        if need_weight:
+            dweight = (u.t() @ act).view(outputs, inputs, paths)
+    if need_x:
+        v = (dy.unsqueeze(2) * act.unsqueeze(1)).view(batch, outputs * paths)
+        # One GEMM with K = O*P beats O small ones; the transposed copy of weight is cheap
+        # next to it (O*I*P elements against 2*B*O*I*P flops).
+        dx = v @ weight.transpose(1, 2).reshape(outputs * paths, inputs)
+    return dx, dact, dweight
+
+
+def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
+    return (shape.outputs, shape.batch, shape.paths)
+
+
+register(Backend(
+    name="torch",
+    forward=gemm_forward,
+    backward=gemm_backward,
+    forward_saving=gemm_forward_saving,
+    saved_shape=saved_z_shape,
+    devices=("cpu", "cuda"),
+    description="plain PyTorch GEMMs, never materialises [B, I, P]",
+    auto_priority={"cpu": 10, "cuda": 10},
+))

@@ -1,0 +1,138 @@
+"""The estimator's contract, stated once: argument checks and costs (SPEC §1 and §2).
+
+    y[b, o] = sum_i sum_s x[b, i] * act[b, s] * weight[o, i, s] + bias[o]
+
+    x      [B, I]     act [B, P]     weight [O, I, P]     bias [O] or None     y [B, O]
+
+Every entry point (the custom op, its fake implementation, the benchmarks) calls
+`check_inputs`, so a bad argument gets the same message wherever it enters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+)
+HALF_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+GRADIENTS: tuple[str, ...] = ("x", "act", "weight")
+
+Pass = Literal["forward", "backward", "both"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The four sizes of one estimator call: B, I, P, O."""
+
+    batch: int
+    inputs: int
+    paths: int
+    outputs: int
+
+    @property
+    def gemm_k(self) -> int:
+        """K of the one-GEMM view (SPEC §2): M = B, N = O, K = I * P."""
+        return self.inputs * self.paths
+
+    def forward_flops(self) -> int:
+        """2·B·I·P·O: one multiply and one add per (b, o, i, s)."""
+        return 2 * self.batch * self.inputs * self.paths * self.outputs
+
+    def flops(self, pass_: Pass = "forward", grads: tuple[str, ...] = GRADIENTS) -> int:
+        """Floating-point operations; each gradient of `grads` costs as much as the forward."""
+        backward = len(grads) * self.forward_flops()
+        return {"forward": self.forward_flops(), "backward": backward,
+                "both": self.forward_flops() + backward}[pass_]
+
+    def min_elements(self, pass_: Pass = "forward") -> int:
+        """Fewest elements read or written once each (SPEC §2), all three gradients."""
+        b, i, p, o = self.batch, self.inputs, self.paths, self.outputs
+        forward = b * i + b * p + o * i * p + b * o
+        # backward reads dy, x, act, weight and writes dx, dact, dweight
+        backward = b * o + 2 * (b * i + b * p + o * i * p)
+        return {"forward": forward, "backward": backward, "both": forward + backward}[pass_]
+
+    def min_bytes(self, itemsize: int, pass_: Pass = "forward") -> int:
+        return self.min_elements(pass_) * itemsize
+
+    def as_dict(self) -> dict[str, int]:
+        return {"batch": self.batch, "inputs": self.inputs, "paths": self.paths,
+                "outputs": self.outputs}
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dim()}-d {t.dtype} tensor of shape {list(t.shape)} on {t.device}"
+    return f"{type(t).__name__}"
+
+
+def _require_tensor(name: str, t: object, rank: int, dims: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"estimator: {name} must be a tensor {dims}, got {_describe(t)}")
+    if t.dim() != rank:
+        raise ValueError(
+            f"estimator: {name} must be {rank}-d {dims}, got {_describe(t)}")
+    return t
+
+
+def check_inputs(
+    x: torch.Tensor,
+    act: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> Shape:
+    """Check ranks, sizes, dtypes and devices; return the call's Shape.
+
+    Raises ValueError (shapes, devices) or TypeError (dtypes, non-tensors), each message
+    naming the argument, what was expected and what came.
+    """
+    _require_tensor("x", x, 2, "[B, I]")
+    _require_tensor("act", act, 2, "[B, P]")
+    _require_tensor("weight", weight, 3, "[O, I, P]")
+    if bias is not None:
+        _require_tensor("bias", bias, 1, "[O]")
+
+    if x.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"estimator: x must have a floating dtype ({names}), got {x.dtype}")
+    named = [("act", act), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
+    for name, t in named:
+        if t.dtype != x.dtype:
+            raise TypeError(
+                f"estimator: {name} must have the same dtype as x ({x.dtype}), got {t.dtype}")
+    for name, t in named:
+        if t.device != x.device:
+            raise ValueError(
+                f"estimator: {name} must be on the same device as x ({x.device}), got {t.device}")
+
+    batch, inputs = x.shape
+    outputs, w_inputs, paths = weight.shape
+    if act.shape[0] != batch:
+        raise ValueError(
+            f"estimator: act must have B = {batch} rows like x (act [B, P]), "
+            f"got act of shape {list(act.shape)}")
+    if w_inputs != inputs:
+        raise ValueError(
+            f"estimator: weight [O, I, P] must have I = {inputs} (x.shape[1]), "
+            f"got weight of shape {list(weight.shape)}")
+    if paths != act.shape[1]:
+        raise ValueError(
+            f"estimator: weight [O, I, P] must have P = {act.shape[1]} (act.shape[1]), "
+            f"got weight of shape {list(weight.shape)}")
+    if bias is not None and bias.shape[0] != outputs:
+        raise ValueError(
+            f"estimator: bias must have shape [O] = [{outputs}] (weight.shape[0]), "
+            f"got {list(bias.shape)}")
+    return Shape(batch, inputs, paths, outputs)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision inputs accumulate in float32 (SPEC §1); others in their own dtype."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype

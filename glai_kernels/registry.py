@@ -1,0 +1,197 @@
+"""The backend registry: every implementation of the one op, by name.
+
+A backend is one module in `glai_kernels/backends/` that calls `register(Backend(...))` at
+import; `glai_kernels.backends` imports every module there, so adding a backend means adding
+one file. Selection: the `backend=` argument, else the `GLAI_BACKEND` environment variable,
+else "auto", which picks the available backend with the highest `auto_priority` for the
+tensors' device type and dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from glai_kernels.contract import SUPPORTED_DTYPES, Shape
+
+ENV_VAR = "GLAI_BACKEND"
+AUTO = "auto"
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(x [B, I], act [B, P], weight [O, I, P]) -> y [B, O] without bias.
+
+Inputs are contiguous, of one supported dtype and device, with B, I, P, O >= 1; the result
+is a new tensor of the inputs' dtype. Inputs must not be modified.
+"""
+
+BackwardFn = Callable[..., tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]]
+"""(dy [B, O], x, act, weight, (need_x, need_act, need_weight), saved=None)
+-> (dx [B, I], dact [B, P], dweight [O, I, P]).
+
+A gradient that is not needed is returned as None and should not be computed. `saved` is
+what the backend's `forward_saving` returned with y, when the forward ran that way.
+"""
+
+ForwardSavingFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
+                           tuple[torch.Tensor, torch.Tensor]]
+"""(x, act, weight) -> (y, saved): a forward that also keeps a tensor which makes the
+backward cheaper when act needs a gradient (as aten's layer norm keeps its statistics)."""
+
+
+def device_present(device_type: str) -> str | None:
+    """None when this process can use the device type, else why not."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of the estimator op.
+
+    `availability(device_type)` returns None when the backend can run on that device type in
+    this process, else the reason it cannot (a missing package, no GPU, a failed build).
+    `auto_priority` maps a device type to this backend's rank when "auto" chooses (highest
+    wins; a device type not listed is never chosen by auto). A backend with
+    `forward_saving` also gives `saved_shape`, the shape of what it saves, for fake tensors.
+    """
+
+    name: str
+    forward: ForwardFn
+    backward: BackwardFn
+    devices: tuple[str, ...]
+    description: str
+    dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES
+    auto_priority: Mapping[str, int] = field(default_factory=dict)
+    availability: Callable[[str], str | None] = device_present
+    forward_saving: ForwardSavingFn | None = None
+    saved_shape: Callable[[Shape], tuple[int, ...]] | None = None
+
+    def unsupported_reason(self, device_type: str, dtype: torch.dtype | None = None) -> str | None:
+        """Why this backend cannot take tensors of this device type and dtype, or None."""
+        if device_type not in self.devices:
+            return f"runs on {', '.join(self.devices)}, not {device_type}"
+        if dtype is not None and dtype not in self.dtypes:
+            return f"supports {', '.join(str(d) for d in self.dtypes)}, not {dtype}"
+        return _availability(self.name, device_type)
+
+
+_REGISTRY: dict[str, Backend] = {}
+_AVAILABILITY: dict[tuple[str, str], str | None] = {}
+
+
+@torch._dynamo.assume_constant_result
+def _availability(name: str, device_type: str) -> str | None:
+    """The backend's availability on a device type, asked once per process.
+
+    Checks may build an extension or look for a compiler, which should happen once, and
+    which torch.compile cannot trace: it takes the answer as a constant instead.
+    """
+    key = (name, device_type)
+    if key not in _AVAILABILITY:
+        _AVAILABILITY[key] = _REGISTRY[name].availability(device_type)
+    return _AVAILABILITY[key]
+
+
+def register(backend: Backend) -> Backend:
+    """Add a backend; its name must be new and not the reserved word "auto"."""
+    if backend.name == AUTO or backend.name in _REGISTRY:
+        raise ValueError(f"backend name {backend.name!r} is reserved or already registered")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    """Remove a backend (tests register deliberately wrong ones and remove them)."""
+    _REGISTRY.pop(name, None)
+    for key in [k for k in _AVAILABILITY if k[0] == name]:
+        del _AVAILABILITY[key]
+
+
+def names() -> list[str]:
+    """Registered backend names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> Backend:
+    """The backend called `name`; an unknown name raises listing the registered ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join([AUTO, *sorted(_REGISTRY)])
+        raise ValueError(
+            f"unknown estimator backend {name!r}; registered backends: {known}") from None
+
+
+def requested_name(backend: str | None = None) -> str:
+    """The name asked for: the argument, else $GLAI_BACKEND, else "auto"."""
+    name = backend if backend is not None else os.environ.get(ENV_VAR, "") or AUTO
+    if name != AUTO:
+        get(name)  # validate early, whatever the tensors
+    return name
+
+
+def pick_auto(device_type: str, dtype: torch.dtype) -> Backend:
+    """The available backend with the highest auto priority for this device type and dtype."""
+    candidates = [
+        b for b in _REGISTRY.values()
+        if device_type in b.auto_priority and b.unsupported_reason(device_type, dtype) is None
+    ]
+    if not candidates:
+        raise RuntimeError(f"no estimator backend is available for {device_type} {dtype}; "
+                           f"see glai_kernels.backends()")
+    return max(candidates, key=lambda b: b.auto_priority[device_type])
+
+
+def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
+    """The backend that will run for tensors on `device` of `dtype`.
+
+    Raises ValueError for an unknown name and RuntimeError, with the reason, for a backend
+    that cannot run these tensors here.
+    """
+    name = requested_name(backend)
+    if name == AUTO:
+        return pick_auto(device.type, dtype)
+    chosen = get(name)
+    reason = chosen.unsupported_reason(device.type, dtype)
+    if reason is not None:
+        raise RuntimeError(f"estimator backend {name!r} cannot run {dtype} on {device}: {reason}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """What `glai_kernels.backends()` reports for one backend."""
+
+    name: str
+    description: str
+    dtypes: tuple[str, ...]
+    # device type -> None when available there, else the reason it is not
+    devices: dict[str, str | None]
+    auto_priority: dict[str, int]
+
+    @property
+    def available(self) -> bool:
+        return any(reason is None for reason in self.devices.values())
+
+    def __str__(self) -> str:
+        where = "; ".join(f"{d}: {'available' if r is None else 'unavailable (' + r + ')'}"
+                          for d, r in self.devices.items())
+        return f"{self.name:8s} {where} -- {self.description}"
+
+
+def statuses() -> list[BackendStatus]:
+    """Availability of every registered backend on every device type it declares."""
+    return [
+        BackendStatus(
+            name=b.name,
+            description=b.description,
+            dtypes=tuple(str(d).removeprefix("torch.") for d in b.dtypes),
+            devices={d: _availability(b.name, d) for d in b.devices},
+            auto_priority=dict(b.auto_priority),
+        )
+        for b in _REGISTRY.values()
+    ]

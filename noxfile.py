@@ -1,0 +1,47 @@
+"""Sessions: `nox -s tests` (the correctness suite), `nox -s lint`, `nox -s bench`.
+
+Each session makes its own virtual environment and installs everything into it, so a fresh
+machine needs only nox. $GLAI_TORCH says which torch to install first (default
+torch==2.13.0, which these machines take as a CPU build from local disk); on a CUDA machine
+set it to the build that matches the driver, e.g. GLAI_TORCH="torch --index-url ...".
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_venv = "yes"
+
+TORCH = os.environ.get("GLAI_TORCH", "torch==2.13.0")
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    session.install(*shlex.split(TORCH))
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The correctness suite, every backend on every device present (`-- ARGS` to pytest)."""
+    _install(session, "test")
+    session.run("python", "-m", "glai_kernels")
+    session.run("pytest", "correctness/", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark suite on the default preset and whatever device is present;
+    `nox -s bench -- --preset quick|default|full --backends ... --device ...`."""
+    _install(session, "bench")
+    session.run("python", "-m", "bench", *session.posargs)

@@ -1,0 +1,34 @@
+"""The oracles every backend is judged against, in plain PyTorch.
+
+- `listing1`: the paper's Listing 1 (two einsums) and the gradients its autograd computes.
+- `float64`: SPEC §1's forward and gradient formulas, written out, evaluated in float64,
+  with the matching sums of absolute values that scale each dtype's tolerance.
+- `loops`: literal loops after the paper's Listings 2 and 3, for tiny sizes: a second,
+  independent oracle that checks the first.
+- `inputs`: seeded random inputs (never zeros) shared by the tests and the benchmarks.
+- `tolerance`: the one per-dtype tolerance table and the closeness check built on it.
+"""
+
+from reference.float64 import Gradients, abs_forward64, abs_grads64, forward64, grads64
+from reference.inputs import Inputs, make_inputs
+from reference.listing1 import listing1_backward, listing1_forward
+from reference.loops import loops_backward, loops_forward
+from reference.tolerance import TOLERANCE, is_close, tolerance, worst_error
+
+__all__ = [
+    "TOLERANCE",
+    "Gradients",
+    "Inputs",
+    "abs_forward64",
+    "abs_grads64",
+    "forward64",
+    "grads64",
+    "is_close",
+    "listing1_backward",
+    "listing1_forward",
+    "loops_backward",
+    "loops_forward",
+    "make_inputs",
+    "tolerance",
+    "worst_error",
+]
