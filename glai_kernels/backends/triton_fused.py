@@ -1,0 +1,661 @@
+"""`triton`: fused Triton kernels that never store [B, I, P] or [B, O, P] in global memory.
+
+The op as one GEMM (SPEC §2): M = B, N = O, K = I*P, with the left operand
+U[b, k] = x[b, k // P] * act[b, k % P] formed tile by tile in registers, and weight viewed
+[O, I*P] (contiguous in k). Three kernels, each shape in the comments is a tile in registers:
+
+- `_forward_kernel`: y [B, O]. Tiles [BLOCK_M, BLOCK_N] over (b, o), a loop over K feeding
+  tl.dot with U [BLOCK_M, BLOCK_K] and weight [BLOCK_K, BLOCK_N]. K can be cut into SPLIT_K
+  slices (the paper's heads at B = 16 have one or two (b, o) tiles and K ~ 50K..300K): the
+  slices' fp32 partials meet in a workspace, by atomic adds, or, when
+  `torch.are_deterministic_algorithms_enabled()`, written to [SPLIT_K, B, O] and summed in a
+  fixed order by `_sum_slices_kernel`.
+- `_grad_weight_kernel`: dweight [O, I*P] = dy^T @ U, the GEMM M = O, N = I*P, K = B, with U
+  formed on the fly again.
+- `_grad_inputs_kernel`: dx and dact from one tile G [BLOCK_B, BLOCK_I*BLOCK_S] = dy @ weight
+  (its GEMM K is O), G[b, (i, s)] = sum_o dy[b, o] weight[o, i, s]:
+      dx[b, i]   = sum_s G[b, i, s] act[b, s]      dact[b, s] = sum_i G[b, i, s] x[b, i]
+  so weight is read once for both, and the two gradients cost one GEMM, not two. A program
+  owns a block of paths s and a slice of the inputs i; dx partials per path block and dact
+  partials per input slice go to small fp32 workspaces, summed in a fixed order.
+
+Numerics: loads are converted to the accumulation dtype (fp32, or fp64 for fp64) before any
+arithmetic; U is rounded to the input dtype for tl.dot (fp16/bf16 tensor cores, fp32
+accumulation); fp32 uses TF32 only where `torch.backends.cuda.matmul.allow_tf32` allows.
+float64 never calls tl.dot (its support depends on the Triton version and the GPU): it takes
+a multiply-and-sum path (`FMA`), on the GPU and in the interpreter alike.
+
+Triton's interpreter (TRITON_INTERPRET=1, set before this module is imported) runs the same
+kernels on the CPU, for verification. It cannot do bfloat16 arithmetic, tl.dot or rounding
+(it truncates), so with `EMULATE_BF16` bfloat16 values live in fp32 registers, rounded to
+bfloat16 to-nearest-even by bit arithmetic: the same values a GPU's bf16 tl.dot sees.
+
+Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*O*P past
+2**31 address correctly. Design notes and predictions: bench/NOTES.md, "Triton backend".
+"""
+
+# Kernel arguments follow Triton's convention (compile-time constants in capitals) and the
+# SPEC's size names B, I, P, O, K, so the lowercase-argument and ambiguous-name rules are off.
+# ruff: noqa: N803, E741
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from glai_kernels.contract import Shape
+from glai_kernels.registry import Backend, device_present, register
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # the backend still registers and says why it cannot run
+    triton = tl = InterpretedFunction = None
+
+
+def _jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+# ----------------------------------------------------------------------------------------
+# Device helpers
+
+
+@_jit
+def _tile(index, BLOCK: tl.constexpr):
+    """int64 offsets index*BLOCK + [0, BLOCK): cast before the multiply, so block index
+    times block size, and everything later multiplied by a stride, cannot wrap at 2**31."""
+    return tl.cast(index, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
+@_jit
+def _rounded(v, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """v rounded to DTYPE. Under EMULATE_BF16, v (fp32) rounded to bfloat16 to nearest even,
+    kept in fp32: the interpreter's own fp32->bf16 conversion truncates."""
+    if EMULATE_BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return v.to(DTYPE)
+
+
+@_jit
+def _mma(acc, a, b, FMA: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a @ b for tiles a [M, K], b [K, N]; FMA multiplies and sums without tl.dot."""
+    if FMA:
+        return acc + tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@_jit
+def _outer_tile(x_ptr, act_ptr, rows, ks, B, I, P, k_end, ACC: tl.constexpr):
+    """U[b, k] = x[b, k // P] * act[b, k % P] for rows [R] (int64) and ks [C] (int64): an
+    [R, C] tile in ACC, zero outside b < B, k < k_end. Never leaves registers."""
+    inputs = ks // P
+    paths = ks - inputs * P
+    mask = (rows < B)[:, None] & (ks < k_end)[None, :]
+    xv = tl.load(x_ptr + rows[:, None] * I + inputs[None, :], mask=mask, other=0.0)
+    av = tl.load(act_ptr + rows[:, None] * P + paths[None, :], mask=mask, other=0.0)
+    return xv.to(ACC) * av.to(ACC)
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels
+
+
+@_jit
+def _forward_kernel(
+    x_ptr, act_ptr, w_ptr, y_ptr, ws_ptr,
+    B, I, P, O, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    ACC: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr,
+    FMA: tl.constexpr, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """y [B, O] = U [B, K] @ weight[O, K]^T, program (m, n, slice) -> y tile [BM, BN].
+
+    SPLIT_K == 1 stores y. Otherwise each K slice's fp32 partial goes to ws: atomically
+    added into ws [B, O] (zeroed), or, DETERMINISTIC, stored at ws[slice] of [SPLIT_K, B, O].
+    """
+    rows = _tile(tl.program_id(0), BLOCK_M)  # b
+    cols = _tile(tl.program_id(1), BLOCK_N)  # o
+    piece = tl.program_id(2)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.cast(piece, tl.int64) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    col_mask = cols < O
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        u = _outer_tile(x_ptr, act_ptr, rows, ks, B, I, P, k_hi, ACC)
+        w = tl.load(w_ptr + cols[None, :] * K + ks[:, None],
+                    mask=(ks < k_hi)[:, None] & col_mask[None, :], other=0.0)
+        acc = _mma(acc, _rounded(u, DOT, EMULATE_BF16), w.to(DOT), FMA, PRECISION)
+    mask = (rows < B)[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * O + cols[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + offsets, _rounded(acc, OUT, EMULATE_BF16), mask=mask)
+    elif DETERMINISTIC:
+        tl.store(ws_ptr + tl.cast(piece, tl.int64) * B * O + offsets, acc, mask=mask)
+    else:
+        tl.atomic_add(ws_ptr + offsets, acc, mask=mask)
+
+
+@_jit
+def _sum_slices_kernel(ws_ptr, out_ptr, N, SLICES, BLOCK: tl.constexpr,
+                       OUT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """out [N] = sum over ws [SLICES, N] in slice order 0, 1, ...: a fixed order, so the
+    same inputs give the same bits."""
+    offsets = _tile(tl.program_id(0), BLOCK)
+    mask = offsets < N
+    acc = tl.load(ws_ptr + offsets, mask=mask, other=0.0)
+    for piece in range(1, SLICES):
+        acc += tl.load(ws_ptr + tl.cast(piece, tl.int64) * N + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, _rounded(acc, OUT, EMULATE_BF16), mask=mask)
+
+
+@_jit
+def _grad_weight_kernel(
+    dy_ptr, x_ptr, act_ptr, dw_ptr,
+    B, I, P, O, K,
+    BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_B: tl.constexpr,
+    ACC: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr,
+    FMA: tl.constexpr, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """dweight [O, K] = dy^T [O, B] @ U [B, K], program (o, k) -> tile [BO, BK], loop over B."""
+    outs = _tile(tl.program_id(0), BLOCK_O)
+    ks = _tile(tl.program_id(1), BLOCK_K)
+    out_mask = outs < O
+    acc = tl.zeros((BLOCK_O, BLOCK_K), dtype=ACC)
+    for block in range(0, tl.cdiv(B, BLOCK_B)):
+        rows = _tile(block, BLOCK_B)
+        dy_t = tl.load(dy_ptr + rows[None, :] * O + outs[:, None],
+                       mask=(rows < B)[None, :] & out_mask[:, None], other=0.0)
+        u = _outer_tile(x_ptr, act_ptr, rows, ks, B, I, P, K, ACC)
+        acc = _mma(acc, dy_t.to(DOT), _rounded(u, DOT, EMULATE_BF16), FMA, PRECISION)
+    tl.store(dw_ptr + outs[:, None] * K + ks[None, :], _rounded(acc, OUT, EMULATE_BF16),
+             mask=out_mask[:, None] & (ks < K)[None, :])
+
+
+@_jit
+def _grad_inputs_kernel(
+    dy_ptr, w_ptr, x_ptr, act_ptr, dx_ptr, dact_ptr,
+    B, I, P, O, K,
+    BLOCK_B: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_O: tl.constexpr, I_SPLITS: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_ACT: tl.constexpr,
+    DX_PARTIAL: tl.constexpr, DACT_PARTIAL: tl.constexpr,
+    ACC: tl.constexpr, DOT: tl.constexpr, OUT: tl.constexpr,
+    FMA: tl.constexpr, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """dx [B, I] and dact [B, P] from G = dy @ weight, a [BB, BI*BS] tile at a time.
+
+    Program (b block, s block, i slice) walks its slice's input blocks; for each it forms G
+    over the loop on O, then adds sum_s G*act to dx and sum_i G*x to dact. With several path
+    blocks (DX_PARTIAL) dx goes to ws [P blocks, B, I]; with several input slices
+    (DACT_PARTIAL) dact goes to ws [I_SPLITS, B, P]; both are summed in a fixed order after.
+    """
+    rows = _tile(tl.program_id(0), BLOCK_B)
+    s_block = tl.program_id(1)
+    piece = tl.program_id(2)
+    paths = _tile(s_block, BLOCK_S)
+    row_mask = rows < B
+    path_mask = paths < P
+    act_tile = tl.load(act_ptr + rows[:, None] * P + paths[None, :],
+                       mask=row_mask[:, None] & path_mask[None, :], other=0.0).to(ACC)
+    dact = tl.zeros((BLOCK_B, BLOCK_S), dtype=ACC)
+    # the flat k of the [BI, BS] (input, path) tile, row-major: kk = i_local * BS + s_local
+    kk = tl.arange(0, BLOCK_I * BLOCK_S)
+    kk_paths = tl.cast(s_block, tl.int64) * BLOCK_S + kk % BLOCK_S
+    i_blocks = tl.cdiv(I, BLOCK_I)
+    per_split = tl.cdiv(i_blocks, I_SPLITS)
+    first = piece * per_split
+    last = tl.minimum(first + per_split, i_blocks)
+    for i_block in range(first, last):
+        inputs = _tile(i_block, BLOCK_I)
+        kk_inputs = tl.cast(i_block, tl.int64) * BLOCK_I + kk // BLOCK_S
+        ks = kk_inputs * P + kk_paths
+        k_mask = (kk_inputs < I) & (kk_paths < P)
+        g = tl.zeros((BLOCK_B, BLOCK_I * BLOCK_S), dtype=ACC)
+        for o_block in range(0, tl.cdiv(O, BLOCK_O)):
+            outs = _tile(o_block, BLOCK_O)
+            out_mask = outs < O
+            dy = tl.load(dy_ptr + rows[:, None] * O + outs[None, :],
+                         mask=row_mask[:, None] & out_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + outs[:, None] * K + ks[None, :],
+                        mask=out_mask[:, None] & k_mask[None, :], other=0.0)
+            g = _mma(g, dy.to(DOT), w.to(DOT), FMA, PRECISION)
+        g3 = tl.reshape(g, (BLOCK_B, BLOCK_I, BLOCK_S))
+        input_mask = inputs < I
+        if NEED_X:
+            dx_part = tl.sum(g3 * act_tile[:, None, :], axis=2)  # [BB, BI]
+            offsets = rows[:, None] * I + inputs[None, :]
+            mask = row_mask[:, None] & input_mask[None, :]
+            if DX_PARTIAL:
+                tl.store(dx_ptr + tl.cast(s_block, tl.int64) * B * I + offsets, dx_part, mask=mask)
+            else:
+                tl.store(dx_ptr + offsets, _rounded(dx_part, OUT, EMULATE_BF16), mask=mask)
+        if NEED_ACT:
+            x_tile = tl.load(x_ptr + rows[:, None] * I + inputs[None, :],
+                             mask=row_mask[:, None] & input_mask[None, :], other=0.0).to(ACC)
+            dact += tl.sum(g3 * x_tile[:, :, None], axis=1)  # [BB, BS]
+    if NEED_ACT:
+        offsets = rows[:, None] * P + paths[None, :]
+        mask = row_mask[:, None] & path_mask[None, :]
+        if DACT_PARTIAL:
+            tl.store(dact_ptr + tl.cast(piece, tl.int64) * B * P + offsets, dact, mask=mask)
+        else:
+            tl.store(dact_ptr + offsets, _rounded(dact, OUT, EMULATE_BF16), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Launch configurations
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """Tiles of the forward GEMM (M = B, N = O, K = I*P) and the number of K slices."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class GradWeightConfig:
+    """Tiles of the dweight GEMM (M = O, N = I*P, K = B)."""
+
+    block_o: int
+    block_k: int
+    block_b: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class GradInputsConfig:
+    """Tiles of the dx/dact kernel: G tiles [block_b, block_i*block_s], O in block_o steps,
+    the inputs cut into i_splits slices."""
+
+    block_b: int
+    block_i: int
+    block_s: int
+    block_o: int
+    i_splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# Under the interpreter each program instance costs ~10 ms whatever its size, so tiles are
+# large; a pretend SM count of 4 still makes the heuristics split K on the paper's heads, so
+# the default test run goes through the split paths too.
+_INTERPRETER_SMS = 4
+
+
+def interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import)."""
+    return InterpretedFunction is not None and isinstance(_forward_kernel, InterpretedFunction)
+
+
+def _pow2(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(n)))
+
+
+def _sms(device: torch.device) -> int:
+    if interpreted() or device.type != "cuda":
+        return _INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _slices(tiles: int, blocks: int, sms: int, min_blocks: int = 4) -> int:
+    """Slices to cut a reduction of `blocks` blocks into, so that `tiles` output tiles times
+    the slices fill about two waves of `sms` processors, each slice keeping >= min_blocks."""
+    return max(1, min((2 * sms) // tiles, blocks // min_blocks))
+
+
+def forward_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> ForwardConfig:
+    """The forward's tiles by rule (the interpreter, float64, deterministic mode; tests)."""
+    b, o, k = shape.batch, shape.outputs, shape.gemm_k
+    if interpreted():  # float64's multiply-and-sum holds a [bm, bk, bn] product: smaller
+        wide = dtype != torch.float64
+        bm, bn, bk, warps = _pow2(b, 1, 64), _pow2(o, 1, 128 if wide else 32), \
+            _pow2(k, 1, 4096 if wide else 256), 4
+    elif dtype == torch.float64:  # multiply-and-sum: the [bm, bk, bn] product lives in registers
+        bm, bn, bk, warps = 16, 16, 16, 4
+    else:
+        bm, bn = _pow2(b, 16, 128), _pow2(o, 32, 128)
+        bk, warps = (64 if dtype != torch.float32 else 32), (8 if bm * bn >= 128 * 128 else 4)
+    tiles = triton.cdiv(b, bm) * triton.cdiv(o, bn)
+    split = _slices(tiles, triton.cdiv(k, bk), _sms(device))
+    return ForwardConfig(bm, bn, bk, split, warps)
+
+
+def grad_weight_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> GradWeightConfig:
+    """dweight's tiles by rule; its grid, O/BO x I*P/BK, is large for every paper head."""
+    b, o = shape.batch, shape.outputs
+    if interpreted():
+        wide = dtype != torch.float64
+        return GradWeightConfig(_pow2(o, 1, 128 if wide else 32), 8192 if wide else 256,
+                                _pow2(b, 1, 32))
+    if dtype == torch.float64:
+        return GradWeightConfig(16, 16, 16)
+    return GradWeightConfig(_pow2(o, 16, 128), 128, 32 if dtype != torch.float32 else 16)
+
+
+def grad_inputs_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> GradInputsConfig:
+    """dx/dact tiles by rule; i_splits cuts the inputs when the (b, s) tiles are too few."""
+    b, i, p, o = shape.batch, shape.inputs, shape.paths, shape.outputs
+    if interpreted():
+        wide = dtype != torch.float64
+        bb, bs, bo = _pow2(b, 1, 32), _pow2(p, 1, 128), _pow2(o, 1, 128 if wide else 32)
+        bi = max(1, min(triton.next_power_of_2(i), (4096 if wide else 256) // bs))
+        warps = 4
+    elif dtype == torch.float64:
+        bb, bi, bs, bo, warps = 16, 1, 16, 16, 4
+    else:
+        bb, bs, bo, warps = _pow2(b, 16, 64), _pow2(p, 16, 64), _pow2(o, 16, 32), 4
+        bi = max(1, 128 // bs)
+    tiles = triton.cdiv(b, bb) * triton.cdiv(p, bs)
+    splits = _slices(tiles, triton.cdiv(i, bi), _sms(device))
+    return GradInputsConfig(bb, bi, bs, bo, splits, warps)
+
+
+# ----------------------------------------------------------------------------------------
+# Autotuning (GPU, float16/bfloat16/float32, deterministic algorithms off)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small M for the paper's batches of
+# 16 and 32, large tiles for the compute-bound large batches.
+_FORWARD_TILES = (
+    (16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (32, 32, 128, 4, 4),
+    (32, 64, 128, 4, 3), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
+    (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+)
+_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+# (BLOCK_O, BLOCK_K, BLOCK_B, num_warps, num_stages)
+_GRAD_WEIGHT_TILES = (
+    (16, 128, 16, 4, 3), (32, 128, 32, 4, 3), (64, 128, 32, 4, 3), (64, 256, 32, 8, 3),
+    (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+)
+# (BLOCK_I, BLOCK_O, num_warps, num_stages); BLOCK_B, BLOCK_S and I_SPLITS come from
+# grad_inputs_config, since the workspaces' shapes depend on them.
+_GRAD_INPUTS_TILES = ((1, 16, 4, 3), (2, 16, 4, 3), (2, 32, 4, 3), (4, 32, 8, 3), (4, 64, 8, 2))
+
+
+def _prune_forward(configs, named_args, **kwargs):
+    b, o, k = named_args["B"], named_args["O"], named_args["K"]
+    sms = _sms(named_args["x_ptr"].device)
+    kept = []
+    for config in configs:
+        bm, bn, bk = (config.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        split = config.kwargs["SPLIT_K"]
+        if bm > max(16, triton.next_power_of_2(b)) or bn > max(32, triton.next_power_of_2(o)):
+            continue
+        tiles = triton.cdiv(b, bm) * triton.cdiv(o, bn)
+        # split only while programs are scarce, and never into slices of a few blocks
+        if split > 1 and (tiles * split > 4 * sms or triton.cdiv(k, bk) < 4 * split):
+            continue
+        kept.append(config)
+    return kept or configs[:1]
+
+
+def _prune_grad_weight(configs, named_args, **kwargs):
+    b, o = named_args["B"], named_args["O"]
+    kept = [c for c in configs if c.kwargs["BLOCK_O"] <= max(16, triton.next_power_of_2(o))
+            and c.kwargs["BLOCK_B"] <= max(16, triton.next_power_of_2(b))]
+    return kept or configs[:1]
+
+
+@functools.cache
+def _tuned():
+    """The autotuned kernels (forward, grad_weight, grad_inputs), made on first use on a GPU;
+    never under the interpreter, where timing configurations would mean nothing."""
+    forward = triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s},
+                               num_warps=w, num_stages=st)
+                 for bm, bn, bk, w, st in _FORWARD_TILES for s in _SPLITS],
+        key=["B", "O", "K"],
+        prune_configs_by={"early_config_prune": _prune_forward},
+        reset_to_zero=["ws_ptr"],  # the atomic adds accumulate; each trial starts at zero
+    )(_forward_kernel)
+    grad_weight = triton.autotune(
+        configs=[triton.Config({"BLOCK_O": bo, "BLOCK_K": bk, "BLOCK_B": bb},
+                               num_warps=w, num_stages=st)
+                 for bo, bk, bb, w, st in _GRAD_WEIGHT_TILES],
+        key=["B", "O", "K"],
+        prune_configs_by={"early_config_prune": _prune_grad_weight},
+    )(_grad_weight_kernel)
+    grad_inputs = triton.autotune(
+        configs=[triton.Config({"BLOCK_I": bi, "BLOCK_O": bo}, num_warps=w, num_stages=st)
+                 for bi, bo, w, st in _GRAD_INPUTS_TILES],
+        key=["B", "I", "P", "O", "BLOCK_B", "BLOCK_S", "I_SPLITS", "NEED_X", "NEED_ACT"],
+    )(_grad_inputs_kernel)
+    return forward, grad_weight, grad_inputs
+
+
+# ----------------------------------------------------------------------------------------
+# Launchers: the backend's forward and backward (inputs contiguous, one dtype and device)
+
+
+def _numerics(dtype: torch.dtype) -> dict:
+    """The kernels' dtype constants for inputs of `dtype`."""
+    emulate = interpreted() and dtype == torch.bfloat16
+    out = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16,
+           torch.bfloat16: tl.bfloat16}[dtype]
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return {
+        "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
+        "DOT": tl.float32 if emulate else out,
+        "OUT": out,
+        "FMA": dtype == torch.float64,
+        "PRECISION": "tf32" if tf32 else "ieee",
+        "EMULATE_BF16": emulate,
+    }
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _autotunes(dtype: torch.dtype) -> bool:
+    """Timing-based choices only on a GPU, and never when results must repeat bitwise:
+    another process could time differently and pick another split, so other bits."""
+    return (not interpreted() and dtype != torch.float64
+            and not torch.are_deterministic_algorithms_enabled())
+
+
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _sum_slices(ws: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = ws.sum(0) in slice order, rounded once to out's dtype; ws [S, *out.shape]."""
+    n = out.numel()
+    block = _pow2(n, 16, 1 << 16) if interpreted() else 1024
+    numerics = _numerics(out.dtype)
+    _sum_slices_kernel[(triton.cdiv(n, block),)](
+        ws, out, n, ws.shape[0], BLOCK=block, OUT=numerics["OUT"],
+        EMULATE_BF16=numerics["EMULATE_BF16"])
+    return out
+
+
+def _sizes(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, int, int, int]:
+    batch, inputs = x.shape
+    outputs, _, paths = weight.shape
+    return batch, inputs, paths, outputs, inputs * paths
+
+
+def forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
+            config: ForwardConfig | None = None) -> torch.Tensor:
+    """x [B, I], act [B, P], weight [O, I, P] -> y [B, O] in x's dtype.
+
+    `config` forces the tiles and the K split (tests); None autotunes on a GPU and follows
+    `forward_config` under the interpreter, for float64 and in deterministic mode.
+    """
+    sizes = batch, _, _, outputs, _ = _sizes(x, weight)
+    numerics = _numerics(x.dtype)
+    acc = _accumulation(x.dtype)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    with _on_device(x):
+        if config is None and _autotunes(x.dtype):
+            ws = torch.zeros(batch, outputs, dtype=acc, device=x.device)
+            y = ws if x.dtype == acc else torch.empty(batch, outputs, dtype=x.dtype,
+                                                      device=x.device)
+            tuned = _tuned()[0]
+
+            def grid(meta):
+                return (triton.cdiv(batch, meta["BLOCK_M"]), triton.cdiv(outputs, meta["BLOCK_N"]),
+                        meta["SPLIT_K"])
+
+            tuned[grid](x, act, weight, y, ws, *sizes, DETERMINISTIC=False, **numerics)
+            if tuned.best_config.kwargs["SPLIT_K"] > 1 and y is not ws:
+                y.copy_(ws)
+            return y
+
+        config = config or forward_config(Shape(*sizes[:4]), x.dtype, x.device)
+        y = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
+        ws = y  # not touched when K is not split
+        if config.split_k > 1 and deterministic:
+            ws = torch.empty(config.split_k, batch, outputs, dtype=acc, device=x.device)
+        elif config.split_k > 1:
+            ws = torch.zeros(batch, outputs, dtype=acc, device=x.device)
+            if x.dtype == acc:
+                y = ws
+        grid = (triton.cdiv(batch, config.block_m), triton.cdiv(outputs, config.block_n),
+                config.split_k)
+        _forward_kernel[grid](
+            x, act, weight, y, ws, *sizes,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            SPLIT_K=config.split_k, DETERMINISTIC=deterministic,
+            num_warps=config.num_warps, num_stages=config.num_stages, **numerics)
+        if config.split_k > 1 and deterministic:
+            _sum_slices(ws, y)
+        elif config.split_k > 1 and y is not ws:
+            y.copy_(ws)
+        return y
+
+
+def _grad_weight(dy, x, act, weight, config: GradWeightConfig | None) -> torch.Tensor:
+    sizes = _, _, _, outputs, k = _sizes(x, weight)
+    numerics = _numerics(x.dtype)
+    dweight = torch.empty_like(weight)
+    if config is None and _autotunes(x.dtype):
+        def grid(meta):
+            return triton.cdiv(outputs, meta["BLOCK_O"]), triton.cdiv(k, meta["BLOCK_K"])
+
+        _tuned()[1][grid](dy, x, act, dweight, *sizes, **numerics)
+        return dweight
+    config = config or grad_weight_config(Shape(*sizes[:4]), x.dtype, x.device)
+    grid = (triton.cdiv(outputs, config.block_o), triton.cdiv(k, config.block_k))
+    _grad_weight_kernel[grid](
+        dy, x, act, dweight, *sizes,
+        BLOCK_O=config.block_o, BLOCK_K=config.block_k, BLOCK_B=config.block_b,
+        num_warps=config.num_warps, num_stages=config.num_stages, **numerics)
+    return dweight
+
+
+def _grad_inputs(dy, x, act, weight, need_x: bool, need_act: bool,
+                 config: GradInputsConfig | None):
+    sizes = batch, inputs, paths, _, _ = _sizes(x, weight)
+    numerics = _numerics(x.dtype)
+    acc = _accumulation(x.dtype)
+    tune = config is None and _autotunes(x.dtype)
+    config = config or grad_inputs_config(Shape(*sizes[:4]), x.dtype, x.device)
+    s_blocks = triton.cdiv(paths, config.block_s)
+    dx_partial = need_x and s_blocks > 1
+    dact_partial = need_act and config.i_splits > 1
+
+    def buffer(needed: bool, partial: bool, slices: int, cols: int) -> torch.Tensor:
+        if partial:
+            return torch.empty(slices, batch, cols, dtype=acc, device=x.device)
+        if needed:
+            return torch.empty(batch, cols, dtype=x.dtype, device=x.device)
+        return dy  # a valid pointer the kernel never writes through
+
+    dx = buffer(need_x, dx_partial, s_blocks, inputs)
+    dact = buffer(need_act, dact_partial, config.i_splits, paths)
+    grid = (triton.cdiv(batch, config.block_b), s_blocks, config.i_splits)
+    common = {"BLOCK_B": config.block_b, "BLOCK_S": config.block_s, "I_SPLITS": config.i_splits,
+              "NEED_X": need_x, "NEED_ACT": need_act, "DX_PARTIAL": dx_partial,
+              "DACT_PARTIAL": dact_partial, **numerics}
+    if tune:
+        _tuned()[2][grid](dy, weight, x, act, dx, dact, *sizes, **common)
+    else:
+        _grad_inputs_kernel[grid](
+            dy, weight, x, act, dx, dact, *sizes, BLOCK_I=config.block_i,
+            BLOCK_O=config.block_o, num_warps=config.num_warps, num_stages=config.num_stages,
+            **common)
+    if dx_partial:
+        dx = _sum_slices(dx, torch.empty_like(x))
+    if dact_partial:
+        dact = _sum_slices(dact, torch.empty_like(act))
+    return (dx if need_x else None), (dact if need_act else None)
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    weight: torch.Tensor,
+    needs: tuple[bool, bool, bool],
+    *,
+    weight_config: GradWeightConfig | None = None,
+    inputs_config: GradInputsConfig | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), each only if in `needs`
+    (need_x, need_act, need_weight); dx and dact share one kernel. Configs as in `forward`."""
+    need_x, need_act, need_weight = needs
+    dx = dact = dweight = None
+    with _on_device(x):
+        if need_weight:
+            dweight = _grad_weight(dy, x, act, weight, weight_config)
+        if need_x or need_act:
+            dx, dact = _grad_inputs(dy, x, act, weight, need_x, need_act, inputs_config)
+    return dx, dact, dweight
+
+
+# ----------------------------------------------------------------------------------------
+# Registration
+
+
+def _availability(device_type: str) -> str | None:
+    if triton is None:
+        return "triton is not installed"
+    if device_type == "cpu":
+        if interpreted():
+            return None
+        return ("on CPU the triton backend runs only in Triton's interpreter: set "
+                "TRITON_INTERPRET=1 before importing glai_kernels")
+    if interpreted():
+        return ("TRITON_INTERPRET=1 was set before glai_kernels was imported, so the kernels "
+                "run in Triton's CPU interpreter; unset it to run them on the GPU")
+    reason = device_present(device_type)
+    if reason is not None:
+        return reason
+    if torch.version.hip is not None:
+        return "ROCm is not supported: the tile configs and the TF32 switch are NVIDIA's"
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 0):
+        return ("needs an NVIDIA GPU of compute capability 8.0 or newer (bfloat16 tl.dot), "
+                f"found {capability[0]}.{capability[1]}")
+    return None
+
+
+register(Backend(
+    name="triton",
+    forward=forward,
+    backward=backward,
+    devices=("cpu", "cuda"),
+    description="fused Triton kernels: x⊗act tiles formed in registers, split-K, one "
+                "kernel for dx and dact (on CPU only under TRITON_INTERPRET=1)",
+    auto_priority={"cuda": 30},
+    availability=_availability,
+))
