@@ -422,7 +422,7 @@ def _tuned():
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s},
                                num_warps=w, num_stages=st)
                  for bm, bn, bk, w, st in _FORWARD_TILES for s in _SPLITS],
-        key=["B", "O", "K"],
+        key=["B", "O", "K", "PRECISION"],
         prune_configs_by={"early_config_prune": _prune_forward},
         reset_to_zero=["ws_ptr"],  # the atomic adds accumulate; each trial starts at zero
     )(_forward_kernel)
@@ -430,13 +430,14 @@ def _tuned():
         configs=[triton.Config({"BLOCK_O": bo, "BLOCK_K": bk, "BLOCK_B": bb},
                                num_warps=w, num_stages=st)
                  for bo, bk, bb, w, st in _GRAD_WEIGHT_TILES],
-        key=["B", "O", "K"],
+        key=["B", "O", "K", "PRECISION"],
         prune_configs_by={"early_config_prune": _prune_grad_weight},
     )(_grad_weight_kernel)
     grad_inputs = triton.autotune(
         configs=[triton.Config({"BLOCK_I": bi, "BLOCK_O": bo}, num_warps=w, num_stages=st)
                  for bi, bo, w, st in _GRAD_INPUTS_TILES],
-        key=["B", "I", "P", "O", "BLOCK_B", "BLOCK_S", "I_SPLITS", "NEED_X", "NEED_ACT"],
+        key=["B", "I", "P", "O", "BLOCK_B", "BLOCK_S", "I_SPLITS", "NEED_X", "NEED_ACT",
+             "PRECISION"],
     )(_grad_inputs_kernel)
     return forward, grad_weight, grad_inputs
 
