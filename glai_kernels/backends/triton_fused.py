@@ -414,17 +414,23 @@ def _prune_grad_weight(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
+def _zero_workspace(nargs) -> None:
+    # Before every launch (trial or real) of a split config: its slices add atomically into
+    # ws. An unsplit config stores y and needs no memset, so none is paid for it.
+    nargs["ws_ptr"].zero_()
+
+
 @functools.cache
 def _tuned():
     """The autotuned kernels (forward, grad_weight, grad_inputs), made on first use on a GPU;
     never under the interpreter, where timing configurations would mean nothing."""
     forward = triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s},
-                               num_warps=w, num_stages=st)
+                               num_warps=w, num_stages=st,
+                               pre_hook=_zero_workspace if s > 1 else None)
                  for bm, bn, bk, w, st in _FORWARD_TILES for s in _SPLITS],
         key=["B", "O", "K", "PRECISION"],
         prune_configs_by={"early_config_prune": _prune_forward},
-        reset_to_zero=["ws_ptr"],  # the atomic adds accumulate; each trial starts at zero
     )(_forward_kernel)
     grad_weight = triton.autotune(
         configs=[triton.Config({"BLOCK_O": bo, "BLOCK_K": bk, "BLOCK_B": bb},
@@ -507,7 +513,8 @@ def forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
     deterministic = torch.are_deterministic_algorithms_enabled()
     with _on_device(x):
         if config is None and _autotunes(x.dtype):
-            ws = torch.zeros(batch, outputs, dtype=acc, device=x.device)
+            # zeroed by the chosen config's pre_hook when it splits K
+            ws = torch.empty(batch, outputs, dtype=acc, device=x.device)
             y = ws if x.dtype == acc else torch.empty(batch, outputs, dtype=x.dtype,
                                                       device=x.device)
             tuned = _tuned()[0]
