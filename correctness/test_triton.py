@@ -190,8 +190,9 @@ def test_half_split_k_long_positive_sums(dtype, mode):
                              positive=True))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("split", [1, 3], ids=["whole", "split3"])
+@pytest.mark.parametrize(("dtype", "split"), [(torch.float32, 1), (torch.float32, 3),
+                                              (torch.bfloat16, 3)],
+                         ids=["f32-whole", "f32-split3", "bf16-split3"])
 def test_autotuned_launch_path_with_one_config(monkeypatch, dtype, split):
     """The GPU's autotuned launchers (grids from the chosen config, the split configs'
     workspace memset, the cast after the atomic adds), run with one config per kernel so
@@ -346,8 +347,7 @@ def test_cpu_needs_the_interpreter_chosen_before_import():
     reason = _availability_in_subprocess("", {"PYTHONPATH": str(ROOT)})
     assert "TRITON_INTERPRET=1" in reason and "before importing" in reason
     assert registry.get("triton").unsupported_reason("cpu") is None  # this process set it
-    cuda = registry.get("triton").unsupported_reason("cuda")
-    assert cuda is not None and ("CUDA" in cuda or "TRITON_INTERPRET" in cuda)
+    assert "CUDA" in registry.get("triton").unsupported_reason("cuda")  # none here
 
 
 def test_registers_and_imports_without_triton():

@@ -6,8 +6,8 @@ U[b, k] = x[b, k // P] * act[b, k % P] formed tile by tile in registers, and wei
 
 - `_forward_kernel`: y [B, O]. Tiles [BLOCK_M, BLOCK_N] over (b, o), a loop over K feeding
   tl.dot with U [BLOCK_M, BLOCK_K] and weight [BLOCK_K, BLOCK_N]. K can be cut into SPLIT_K
-  slices (the paper's heads at B = 16 have one or two (b, o) tiles and K ~ 50K..300K): the
-  slices' fp32 partials meet in a workspace, by atomic adds, or, when
+  slices (the paper's heads at B = 16 have one or two (b, o) tiles and K ~ 50K..400K): the
+  slices' partials (fp32; fp64 for float64) meet in a workspace, by atomic adds, or, when
   `torch.are_deterministic_algorithms_enabled()`, written to [SPLIT_K, B, O] and summed in a
   fixed order by `_sum_slices_kernel`.
 - `_grad_weight_kernel`: dweight [O, I*P] = dy^T @ U, the GEMM M = O, N = I*P, K = B, with U
@@ -325,10 +325,13 @@ def _slices(tiles: int, blocks: int, sms: int, min_blocks: int = 4) -> int:
 def forward_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> ForwardConfig:
     """The forward's tiles by rule (the interpreter, float64, deterministic mode; tests)."""
     b, o, k = shape.batch, shape.outputs, shape.gemm_k
-    if interpreted():  # float64's multiply-and-sum holds a [bm, bk, bn] product: smaller
+    if interpreted():
+        # Few, large tiles: the interpreter pays per program and per loop step, and tl.dot's
+        # minimum of 16 binds only on a GPU. float64's multiply-and-sum holds a
+        # [bm, bk, bn] product, so its tiles stay smaller.
         wide = dtype != torch.float64
-        bm, bn, bk, warps = _pow2(b, 1, 64), _pow2(o, 1, 128 if wide else 32), \
-            _pow2(k, 1, 4096 if wide else 256), 4
+        bm, bn = _pow2(b, 1, 64), _pow2(o, 1, 128 if wide else 32)
+        bk, warps = _pow2(k, 1, 4096 if wide else 256), 4
     elif dtype == torch.float64:  # multiply-and-sum: the [bm, bk, bn] product lives in registers
         bm, bn, bk, warps = 16, 16, 16, 4
     else:
@@ -348,7 +351,9 @@ def grad_weight_config(shape: Shape, dtype: torch.dtype, device: torch.device) -
                                 _pow2(b, 1, 32))
     if dtype == torch.float64:
         return GradWeightConfig(16, 16, 16)
-    return GradWeightConfig(_pow2(o, 16, 128), 128, 32 if dtype != torch.float32 else 16)
+    block_o = _pow2(o, 16, 128)
+    return GradWeightConfig(block_o, 128, 32 if dtype != torch.float32 else 16,
+                            num_warps=8 if block_o == 128 else 4)
 
 
 def grad_inputs_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> GradInputsConfig:
@@ -642,12 +647,12 @@ def _availability(device_type: str) -> str | None:
             return None
         return ("on CPU the triton backend runs only in Triton's interpreter: set "
                 "TRITON_INTERPRET=1 before importing glai_kernels")
-    if interpreted():
-        return ("TRITON_INTERPRET=1 was set before glai_kernels was imported, so the kernels "
-                "run in Triton's CPU interpreter; unset it to run them on the GPU")
     reason = device_present(device_type)
     if reason is not None:
         return reason
+    if interpreted():
+        return ("TRITON_INTERPRET=1 was set before glai_kernels was imported, so the kernels "
+                "run in Triton's CPU interpreter; unset it to run them on the GPU")
     if torch.version.hip is not None:
         return "ROCm is not supported: the tile configs and the TF32 switch are NVIDIA's"
     capability = torch.cuda.get_device_capability()
