@@ -1,0 +1,49 @@
+// The CPU kernels' interface: raw pointers and sizes, no torch headers.
+//
+// One problem is x [B, I], act [B, P], weight [O, I, P], all contiguous, computed in T
+// (float or double: the binding converts half inputs to float, their opmath type).
+// Each kernel is compiled once per instruction set (kernels.inc, included by
+// cpu_dispatch.cpp); `kernels<T>()` returns the set chosen for this CPU at run time.
+#pragma once
+
+#include <cstdint>
+
+namespace glai_cpu {
+
+// Runs fn(ctx, begin, end) over contiguous chunks of [0, n), possibly on several threads.
+// The binding implements it with at::parallel_for, so torch's OpenMP pool (and
+// torch.set_num_threads) governs the kernels' threads.
+using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end);
+using ParallelFn = void (*)(int64_t n, TaskFn fn, void* ctx);
+
+template <typename T>
+struct Problem {
+  const T* x;       // [B, I]
+  const T* act;     // [B, P]
+  const T* weight;  // [O, I, P]
+  int64_t batch, inputs, paths, outputs;
+  int64_t threads;  // how many threads will run tasks: only shapes the task split
+  ParallelFn parallel;
+};
+
+template <typename T>
+struct Kernels {
+  // y [B, O] = sum_{i,s} x act weight; z [B, O, P] (Z-form partials, kept for dact) if not null.
+  // Returns 0, or 1 when scratch memory could not be allocated.
+  int (*forward)(const Problem<T>& p, T* y, T* z);
+  // Writes each gradient whose pointer is not null: dx [B, I], dact [B, P], dweight [O, I, P].
+  // z is the forward's saved [B, O, P] or null (then dact is recomputed).
+  int (*backward)(const Problem<T>& p, const T* dy, const T* z, T* dx, T* dact, T* dweight);
+};
+
+template <typename T>
+const Kernels<T>& kernels();
+
+// The instruction set in use ("avx512", "avx2", "portable").
+const char* isa();
+// Select an instruction set by name; returns false if unknown or unsupported by this CPU.
+bool select_isa(const char* name);
+// Comma-separated instruction sets this CPU can run, best first.
+const char* supported_isas();
+
+}  // namespace glai_cpu

@@ -1,0 +1,212 @@
+// The glai_ext operator library: schemas and the CPU implementation.
+//
+//   glai_ext::forward(x [B, I], act [B, P], weight [O, I, P], save) -> (y [B, O], saved)
+//   glai_ext::backward(dy, x, act, weight, saved, need_x, need_act, need_weight)
+//       -> (dx [B, I], dact [B, P], dweight [O, I, P]), each empty [0] when not needed
+//   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
+//   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
+//
+// `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
+// else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
+// implementation of the same schemas is registered by cuda/binding.cpp when it is built.
+//
+// Narrow ATen headers instead of torch/extension.h halve the first build (bench/NOTES.md).
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "cpu/kernels.h"
+#include "glai_ext.h"
+
+namespace glai_ext {
+
+Sizes check_problem(const at::Tensor& x, const at::Tensor& act, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2, "glai_ext: x must be [B, I], got ", x.sizes());
+  TORCH_CHECK(act.dim() == 2, "glai_ext: act must be [B, P], got ", act.sizes());
+  TORCH_CHECK(weight.dim() == 3, "glai_ext: weight must be [O, I, P], got ", weight.sizes());
+  TORCH_CHECK(act.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type(),
+              "glai_ext: x, act and weight must share a dtype, got ", x.scalar_type(), ", ",
+              act.scalar_type(), ", ", weight.scalar_type());
+  TORCH_CHECK(act.device() == x.device() && weight.device() == x.device(),
+              "glai_ext: x, act and weight must be on one device");
+  const Sizes s{x.size(0), x.size(1), act.size(1), weight.size(0)};
+  TORCH_CHECK(act.size(0) == s.batch, "glai_ext: act has ", act.size(0), " rows, x has ",
+              s.batch);
+  TORCH_CHECK(weight.size(1) == s.inputs && weight.size(2) == s.paths,
+              "glai_ext: weight must be [O, ", s.inputs, ", ", s.paths, "], got ",
+              weight.sizes());
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+              "glai_ext: dtype must be float32, float64, float16 or bfloat16, got ", t);
+  return s;
+}
+
+void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
+  TORCH_CHECK(dy.dim() == 2 && dy.size(0) == s.batch && dy.size(1) == s.outputs,
+              "glai_ext: dy must be [", s.batch, ", ", s.outputs, "], got ", dy.sizes());
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type() && dy.device() == x.device(),
+              "glai_ext: dy must match x's dtype and device");
+}
+
+namespace {
+
+void run_parallel(int64_t n, glai_cpu::TaskFn fn, void* ctx) {
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+}
+
+// The computation type of a dtype: at::opmath_type (float for half types).
+at::ScalarType opmath(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return at::kDouble;
+    case at::kFloat: return at::kFloat;
+    case at::kHalf: return c10::CppTypeToScalarType<at::opmath_type<at::Half>>::value;
+    default: return c10::CppTypeToScalarType<at::opmath_type<at::BFloat16>>::value;
+  }
+}
+
+// A contiguous tensor in the computation type (a no-op for float and double inputs).
+at::Tensor in_opmath(const at::Tensor& t) { return t.to(opmath(t.scalar_type())).contiguous(); }
+
+template <typename T>
+glai_cpu::Problem<T> problem(const at::Tensor& x, const at::Tensor& act, const at::Tensor& w,
+                             const Sizes& s) {
+  return {x.const_data_ptr<T>(), act.const_data_ptr<T>(), w.const_data_ptr<T>(),
+          s.batch, s.inputs, s.paths, s.outputs,
+          static_cast<int64_t>(at::get_num_threads()), run_parallel};
+}
+
+bool empty_problem(const Sizes& s) {
+  return s.batch == 0 || s.inputs == 0 || s.paths == 0 || s.outputs == 0;
+}
+
+template <typename T>
+void forward_typed(const at::Tensor& x, const at::Tensor& act, const at::Tensor& w,
+                   const Sizes& s, at::Tensor& y, at::Tensor* z) {
+  const int status = glai_cpu::kernels<T>().forward(problem<T>(x, act, w, s),
+                                                    y.mutable_data_ptr<T>(),
+                                                    z ? z->mutable_data_ptr<T>() : nullptr);
+  TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x_in, const at::Tensor& act_in,
+                                               const at::Tensor& w_in, bool save) {
+  const Sizes s = check_problem(x_in, act_in, w_in);
+  const at::Tensor x = in_opmath(x_in), act = in_opmath(act_in), w = in_opmath(w_in);
+  const auto opts = x.options();
+  // the kernels write every element: no zero fill (a second pass over dweight-sized memory)
+  at::Tensor y = at::empty({s.batch, s.outputs}, opts);
+  at::Tensor z = at::empty({save ? s.batch : 0, s.outputs, s.paths}, opts);
+  if (empty_problem(s)) y.zero_();
+  if (!empty_problem(s)) {
+    if (x.scalar_type() == at::kDouble) {
+      forward_typed<double>(x, act, w, s, y, save ? &z : nullptr);
+    } else {
+      forward_typed<float>(x, act, w, s, y, save ? &z : nullptr);
+    }
+  }
+  const auto out = x_in.scalar_type();
+  return {y.to(out), save ? z.to(out) : at::empty({0}, x_in.options())};
+}
+
+template <typename T>
+void backward_typed(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
+                    const at::Tensor& w, const at::Tensor& z, const Sizes& s, at::Tensor& dx,
+                    at::Tensor& dact, at::Tensor& dw) {
+  auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<T>() : nullptr; };
+  const int status = glai_cpu::kernels<T>().backward(
+      problem<T>(x, act, w, s), dy.const_data_ptr<T>(),
+      z.defined() ? z.const_data_ptr<T>() : nullptr, ptr(dx), ptr(dact), ptr(dw));
+  TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x_in, const at::Tensor& act_in,
+    const at::Tensor& w_in, const at::Tensor& saved, bool need_x, bool need_act,
+    bool need_weight) {
+  const Sizes s = check_problem(x_in, act_in, w_in);
+  check_dy(dy_in, x_in, s);
+  const bool has_z = saved.numel() > 0;
+  if (has_z) {
+    TORCH_CHECK(saved.dim() == 3 && saved.size(0) == s.batch && saved.size(1) == s.outputs &&
+                    saved.size(2) == s.paths,
+                "glai_ext: saved must be the forward's Z [B, O, P], got ", saved.sizes());
+  }
+  const at::Tensor x = in_opmath(x_in), act = in_opmath(act_in), w = in_opmath(w_in);
+  const at::Tensor dy = in_opmath(dy_in);
+  const at::Tensor z = (has_z && need_act) ? in_opmath(saved) : at::Tensor();
+  const auto opts = x.options();
+  auto grad = [&](bool need, at::IntArrayRef shape) {
+    if (!need) return at::Tensor();
+    // the kernels write every element; an empty problem's gradients are sums of nothing
+    return empty_problem(s) ? at::zeros(shape, opts) : at::empty(shape, opts);
+  };
+  at::Tensor dx = grad(need_x, {s.batch, s.inputs});
+  at::Tensor dact = grad(need_act, {s.batch, s.paths});
+  at::Tensor dw = grad(need_weight, {s.outputs, s.inputs, s.paths});
+  if (!empty_problem(s) && (need_x || need_act || need_weight)) {
+    if (x.scalar_type() == at::kDouble) {
+      backward_typed<double>(dy, x, act, w, z, s, dx, dact, dw);
+    } else {
+      backward_typed<float>(dy, x, act, w, z, s, dx, dact, dw);
+    }
+  }
+  const auto out = x_in.scalar_type();
+  auto result = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(out) : at::empty({0}, x_in.options());
+  };
+  return {result(dx), result(dact), result(dw)};
+}
+
+std::string cpu_isa(const std::string& name) {
+  if (!name.empty()) {
+    TORCH_CHECK(glai_cpu::select_isa(name.c_str()), "glai_ext: CPU instruction set '", name,
+                "' is unknown or unsupported here; this CPU supports ",
+                glai_cpu::supported_isas());
+  }
+  return glai_cpu::isa();
+}
+
+// How many distinct threads ran `tasks` tasks through the kernels' parallel_for: lets a test
+// check that torch.set_num_threads governs them (it would not if the extension had linked an
+// OpenMP runtime of its own).
+int64_t parallel_threads(int64_t tasks) {
+  struct Seen {
+    std::mutex lock;
+    std::set<int> ids;
+  } seen;
+  run_parallel(
+      tasks,
+      [](void* ctx, int64_t, int64_t) {
+        auto* s = static_cast<Seen*>(ctx);
+        const std::lock_guard<std::mutex> guard(s->lock);
+        s->ids.insert(at::get_thread_num());
+      },
+      &seen);
+  return static_cast<int64_t>(seen.ids.size());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(glai_ext, m) {
+  m.def("forward(Tensor x, Tensor act, Tensor weight, bool save) -> (Tensor, Tensor)");
+  m.def(
+      "backward(Tensor dy, Tensor x, Tensor act, Tensor weight, Tensor saved, bool need_x, "
+      "bool need_act, bool need_weight) -> (Tensor, Tensor, Tensor)");
+  m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
+  m.def("parallel_threads(int tasks) -> int", &parallel_threads);
+}
+
+TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
+  m.impl("forward", &forward_cpu);
+  m.impl("backward", &backward_cpu);
+}
+
+}  // namespace glai_ext
