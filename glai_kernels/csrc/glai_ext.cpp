@@ -18,9 +18,13 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "cpu/kernels.h"
@@ -58,8 +62,22 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 
 namespace {
 
+// One task index at a time from a shared counter, on torch's intra-op threads. Dynamic, not
+// at::parallel_for's static split: on a shared machine a descheduled thread would otherwise
+// hold back the whole op. Each output element belongs to one task whatever thread runs it,
+// so results stay the same bits for any thread count or schedule.
 void run_parallel(int64_t n, glai_cpu::TaskFn fn, void* ctx) {
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  if (threads <= 1 || at::in_parallel_region()) {
+    fn(ctx, 0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(ctx, t, t + 1);
+    }
+  });
 }
 
 // The computation type of a dtype: at::opmath_type (float for half types).
@@ -186,8 +204,12 @@ int64_t parallel_threads(int64_t tasks) {
       tasks,
       [](void* ctx, int64_t, int64_t) {
         auto* s = static_cast<Seen*>(ctx);
-        const std::lock_guard<std::mutex> guard(s->lock);
-        s->ids.insert(at::get_thread_num());
+        {
+          const std::lock_guard<std::mutex> guard(s->lock);
+          s->ids.insert(at::get_thread_num());
+        }
+        // long enough that every started worker takes a task before the counter runs out
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
       },
       &seen);
   return static_cast<int64_t>(seen.ids.size());
