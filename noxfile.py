@@ -1,4 +1,5 @@
-"""Sessions: `nox -s tests` (the correctness suite), `nox -s lint`, `nox -s bench`.
+"""Sessions: `nox -s tests` (the correctness suite), `nox -s lint`, `nox -s bench`,
+`nox -s cuda_check` (nvcc compile check of the CUDA kernels, no GPU needed).
 
 Each session makes its own virtual environment and installs everything into it, so a fresh
 machine needs only nox. $GLAI_TORCH says which torch to install first (default
@@ -45,3 +46,13 @@ def bench(session: nox.Session) -> None:
     `nox -s bench -- --preset quick|default|full --backends ... --device ...`."""
     _install(session, "bench")
     session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session
+def cuda_check(session: nox.Session) -> None:
+    """Compile every .cu of the extension with nvcc for sm_80 and sm_90 (`-Xptxas -v`), fail on
+    a compile error or a register spill, write the report to reports/ptxas/, and compile the
+    torch binding with -fsyntax-only. Needs nvcc, not a GPU (`-- --arch 80 --arch 100` to
+    choose the architectures)."""
+    session.install(*shlex.split(TORCH), "numpy")
+    session.run("python", "tools/check_cuda.py", *session.posargs)

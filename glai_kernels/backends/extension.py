@@ -3,8 +3,10 @@
 One extension registers the ops `glai_ext::forward` and `glai_ext::backward` with a CPU
 implementation (fused, cache-blocked, vectorised kernels, runtime-dispatched between AVX-512,
 AVX2 and a portable build) and, when torch has CUDA and nvcc exists, a CUDA one (tiled
-kernels, tensor cores for half types). Both backends keep the forward's Z [B, O, P] when act
-needs a gradient (SPEC §2's Z-form), so dact costs B*O*P instead of a GEMM.
+GEMMs forming the Khatri-Rao operand in shared memory, tensor cores for half types). `cpp`
+keeps the forward's Z [B, O, P] when act needs a gradient (SPEC §2's Z-form), so dact costs
+B*O*P instead of a GEMM; the CUDA kernels compute y in the one-GEMM form, which has no Z,
+so `cuda` computes dact with a fourth GEMM.
 
 The build is JIT (`torch.utils.cpp_extension.load` with ninja) and happens the first time a
 backend's availability is asked, never at `import glai_kernels`. Its result is cached per
@@ -41,7 +43,7 @@ CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-Wall", "-Wno-unknown-pragma
 # -fopenmp links libgomp.so.1 by soname; torch has already loaded its own libgomp.so.1, so the
 # loader reuses it and torch.set_num_threads governs the kernels' threads (tested).
 LDFLAGS = ("-fopenmp",)
-CUDA_CFLAGS = ("-O3", "-lineinfo", "-DGLAI_WITH_CUDA")
+CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
@@ -172,7 +174,7 @@ def build() -> Build:
     try:
         load(name=EXTENSION_NAME,
              sources=[str(s) for s in sources],
-             extra_cflags=list(CFLAGS) + (["-DGLAI_WITH_CUDA"] if with_cuda else []),
+             extra_cflags=list(CFLAGS),
              extra_ldflags=list(LDFLAGS),
              extra_cuda_cflags=list(CUDA_CFLAGS),
              extra_include_paths=[str(CSRC)],
@@ -248,10 +250,9 @@ register(Backend(
     name="cuda",
     forward=ext_forward,
     backward=ext_backward,
-    forward_saving=ext_forward_saving,
-    saved_shape=saved_z_shape,
     devices=("cuda",),
-    description="CUDA extension: tiled kernels, x⊗act formed in shared memory, tensor cores",
+    description="CUDA extension: tiled GEMMs, x⊗act formed in shared memory, tensor cores "
+                "(wmma) for half types, split-K",
     auto_priority={"cuda": 20},
     availability=cuda_availability,
 ))
