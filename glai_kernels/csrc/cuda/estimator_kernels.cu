@@ -22,6 +22,17 @@ namespace {
 
 __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// nvcc launches with <<< >>>. The tests also compile this file as C++ against a CPU emulation
+// of the CUDA runtime and wmma (correctness/cuda_emulation), which launches a kernel pointer
+// through glai_emulated_launch.
+#ifdef GLAI_CUDA_EMULATION
+#define GLAI_LAUNCH(kernel, grid, block, stream, ...) \
+  glai_emulated_launch(kernel, grid, block, stream, __VA_ARGS__)
+#else
+#define GLAI_LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
+#endif
+
 #ifdef __CUDA_ARCH__
 #define GLAI_ARCH __CUDA_ARCH__
 #else
@@ -411,21 +422,23 @@ cudaError_t launch_typed(const glai_problem& p, int splits, void* out, void* wor
   acc* partial = used > 1 ? static_cast<acc*>(workspace) : nullptr;
   if (used > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   T* result = static_cast<T*>(out);
+  auto* simt = &simt_gemm<T, OpT<T>>;
   if constexpr (sizeof(acc) == sizeof(float) && sizeof(T) == 2) {
+    auto* tensor_cores = &wmma_gemm<T, OpT<T>>;
     if (tc) {
-      wmma_gemm<T, OpT<T>><<<grid, kTcThreads, 0, stream>>>(op, result, partial, per_split);
+      GLAI_LAUNCH(tensor_cores, grid, kTcThreads, stream, op, result, partial, per_split);
     } else {
-      simt_gemm<T, OpT<T>><<<grid, kSimtThreads, 0, stream>>>(op, result, partial, per_split);
+      GLAI_LAUNCH(simt, grid, kSimtThreads, stream, op, result, partial, per_split);
     }
   } else {
-    simt_gemm<T, OpT<T>><<<grid, kSimtThreads, 0, stream>>>(op, result, partial, per_split);
+    GLAI_LAUNCH(simt, grid, kSimtThreads, stream, op, result, partial, per_split);
   }
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess || used == 1) return error;
   const int64_t count = M * N;
   const int64_t blocks = cdiv(count, 256) < 4096 ? cdiv(count, 256) : 4096;
-  reduce_splits<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(partial, result, count,
-                                                                      used);
+  auto* reduce = &reduce_splits<T>;
+  GLAI_LAUNCH(reduce, static_cast<unsigned>(blocks), 256, stream, partial, result, count, used);
   return cudaGetLastError();
 }
 
