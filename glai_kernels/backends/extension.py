@@ -230,6 +230,14 @@ def ext_backward(
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
 
+def cpp_auto_priority() -> dict[str, int]:
+    """Above `torch` (10) on CPUs with AVX2 or AVX-512, where the kernels measured 1.4x and
+    3.3x its forward+backward (bench/NOTES.md); below it elsewhere, where only the portable
+    build runs (0.4x). Read from torch's CPU capability, so choosing needs no build."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return {"cpu": 20 if capability in ("AVX2", "AVX512") else 5}
+
+
 def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
     return (shape.batch, shape.outputs, shape.paths)
 
@@ -242,7 +250,7 @@ register(Backend(
     saved_shape=saved_z_shape,
     devices=("cpu",),
     description="C++ extension: fused cache-blocked CPU kernels (AVX-512/AVX2/portable)",
-    auto_priority={"cpu": 20},
+    auto_priority=cpp_auto_priority(),
     availability=cpp_availability,
 ))
 
