@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -62,12 +63,18 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 
 namespace {
 
+// Work below this many FLOPs per thread stays on fewer threads: ~1.3 ms of one core here.
+// A parallel region ends when its last thread arrives, and on a loaded machine a thread can
+// wait milliseconds for a core, far longer than a small job takes (bench/NOTES.md).
+constexpr int64_t kMinFlopsPerThread = int64_t{256} << 20;
+
 // One task index at a time from a shared counter, on torch's intra-op threads. Dynamic, not
 // at::parallel_for's static split: on a shared machine a descheduled thread would otherwise
 // hold back the whole op. Each output element belongs to one task whatever thread runs it,
 // so results stay the same bits for any thread count or schedule.
-void run_parallel(int64_t n, glai_cpu::TaskFn fn, void* ctx) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
+  const int64_t by_work = std::max<int64_t>(1, flops / kMinFlopsPerThread);
+  const int64_t threads = std::min<int64_t>({at::get_num_threads(), n, by_work});
   if (threads <= 1 || at::in_parallel_region()) {
     fn(ctx, 0, n);
     return;
@@ -201,7 +208,7 @@ int64_t parallel_threads(int64_t tasks) {
     std::set<int> ids;
   } seen;
   run_parallel(
-      tasks,
+      tasks, std::numeric_limits<int64_t>::max(),
       [](void* ctx, int64_t, int64_t) {
         auto* s = static_cast<Seen*>(ctx);
         {

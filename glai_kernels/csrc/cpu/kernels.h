@@ -10,11 +10,12 @@
 
 namespace glai_cpu {
 
-// Runs fn(ctx, begin, end) over contiguous chunks of [0, n), possibly on several threads.
-// The binding implements it with at::parallel_for, so torch's OpenMP pool (and
-// torch.set_num_threads) governs the kernels' threads.
+// Runs fn(ctx, begin, end) over contiguous chunks of [0, n), possibly on several threads;
+// `flops` (the work of all n tasks) lets the runner keep small jobs on one thread. The binding
+// implements it with at::parallel_for, so torch's OpenMP pool (and torch.set_num_threads)
+// governs the kernels' threads.
 using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end);
-using ParallelFn = void (*)(int64_t n, TaskFn fn, void* ctx);
+using ParallelFn = void (*)(int64_t n, int64_t flops, TaskFn fn, void* ctx);
 
 template <typename T>
 struct Problem {
