@@ -14,6 +14,10 @@ process; the built library is cached on disk per source hash and torch version u
 $GLAI_KERNELS_CACHE (default ~/.cache/glai_kernels), so a second process loads it without
 compiling. A build that cannot happen (no compiler, no ninja) or fails makes both backends
 unavailable with the reason; the other backends are unaffected.
+
+Environment: $GLAI_KERNELS_CACHE (the cache root), $GLAI_KERNELS_VERBOSE=1 (show the build
+log), $GLAI_KERNELS_CPU_ISA=avx512|avx2|portable (force the CPU kernels' instruction set; the
+op `torch.ops.glai_ext.cpu_isa(name)` does the same at run time).
 """
 
 from __future__ import annotations
