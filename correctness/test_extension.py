@@ -174,9 +174,10 @@ def test_one_openmp_runtime_is_loaded(built):
     assert len(runtimes) <= 1, runtimes
 
 
-def test_results_do_not_depend_on_the_thread_count(built, restore_threads):
-    data = make_inputs(50, 23, 70, 9, seed=7)
-    dy = torch.randn(50, 9, generator=torch.Generator().manual_seed(8))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_results_do_not_depend_on_the_thread_count(built, restore_threads, dtype):
+    data = make_inputs(50, 23, 70, 9, seed=7, dtype=dtype)
+    dy = torch.randn(50, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
 
     def run():
         y, z = extension.ext_forward_saving(data.x, data.act, data.weight)
@@ -222,7 +223,9 @@ def _cpp(x, act, weight, bias):
 
 
 # Tiles: 6 rows; 64 float32 / 32 float64 columns (AVX-512), 16 / 8 (AVX2), 8 / 4 (portable),
-# in vectors of 16 / 8, 8 / 4, 4 / 2. Sizes one below, at and one above those edges.
+# in vectors of 16 / 8, 8 / 4, 4 / 2. Sizes one below, at and one above those edges; odd
+# sizes for bfloat16, whose AVX512_BF16 kernels take the reduction index in pairs (on the
+# other instruction sets bfloat16 runs the float kernels).
 EDGE_SHAPES = [
     (5, 6, 15, 2), (6, 7, 16, 1), (7, 5, 17, 3),
     (12, 11, 31, 2), (13, 13, 33, 2), (65, 12, 63, 2),
@@ -230,7 +233,8 @@ EDGE_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["f32", "f64", "bf16"])
 @pytest.mark.parametrize("shape", EDGE_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_tile_edges_match_oracle(isa, shape, dtype):
     failures = check(_cpp, *shape, dtype=dtype, seed=sum(shape))

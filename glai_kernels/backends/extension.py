@@ -235,9 +235,10 @@ def ext_backward(
 
 
 def cpp_auto_priority() -> dict[str, int]:
-    """Above `torch` (10) on CPUs with AVX2 or AVX-512, where the kernels measured 1.4x and
-    3.3x its forward+backward (bench/NOTES.md); below it elsewhere, where only the portable
-    build runs (0.4x). Read from torch's CPU capability, so choosing needs no build."""
+    """Above `torch` (10) on CPUs with AVX2 or AVX-512, where the float32 kernels measured 1.4x
+    and 3.3x its forward+backward (bench/NOTES.md; float64, float16 and, with AVX512_BF16,
+    bfloat16 are faster too); below it elsewhere, where only the portable build runs (0.4x).
+    Read from torch's CPU capability, so choosing needs no build."""
     capability = torch.backends.cpu.get_cpu_capability()
     return {"cpu": 20 if capability in ("AVX2", "AVX512") else 5}
 
@@ -253,7 +254,8 @@ register(Backend(
     forward_saving=ext_forward_saving,
     saved_shape=saved_z_shape,
     devices=("cpu",),
-    description="C++ extension: fused cache-blocked CPU kernels (AVX-512/AVX2/portable)",
+    description="C++ extension: fused cache-blocked CPU kernels (AVX-512, AVX512_BF16, AVX2, "
+                "portable)",
     auto_priority=cpp_auto_priority(),
     availability=cpp_availability,
 ))

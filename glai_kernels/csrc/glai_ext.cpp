@@ -121,9 +121,36 @@ void forward_typed(const at::Tensor& x, const at::Tensor& act, const at::Tensor&
   TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
 }
 
+// bfloat16 problems run on their own kernels where the CPU has AVX512_BF16 (null otherwise).
+const glai_cpu::Bf16Kernels* bf16_kernels_for(const at::Tensor& x) {
+  return x.scalar_type() == at::kBFloat16 ? glai_cpu::bf16_kernels() : nullptr;
+}
+
+const uint16_t* bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
+}
+uint16_t* mutable_bits(at::Tensor& t) {
+  return t.defined() ? reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()) : nullptr;
+}
+
+glai_cpu::Problem<uint16_t> bf16_problem(const at::Tensor& x, const at::Tensor& act,
+                                         const at::Tensor& w, const Sizes& s) {
+  return {bits(x), bits(act), bits(w), s.batch, s.inputs, s.paths, s.outputs,
+          static_cast<int64_t>(at::get_num_threads()), run_parallel};
+}
+
 std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x_in, const at::Tensor& act_in,
                                                const at::Tensor& w_in, bool save) {
   const Sizes s = check_problem(x_in, act_in, w_in);
+  if (const auto* bf16 = bf16_kernels_for(x_in); bf16 != nullptr && !empty_problem(s)) {
+    const at::Tensor x = x_in.contiguous(), act = act_in.contiguous(), w = w_in.contiguous();
+    at::Tensor y = at::empty({s.batch, s.outputs}, x.options());
+    at::Tensor z = at::empty({save ? s.batch : 0, s.outputs, s.paths}, x.options());
+    const int status = bf16->forward(bf16_problem(x, act, w, s), mutable_bits(y),
+                                     save ? mutable_bits(z) : nullptr);
+    TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
+    return {y, save ? z : at::empty({0}, x.options())};
+  }
   const at::Tensor x = in_opmath(x_in), act = in_opmath(act_in), w = in_opmath(w_in);
   const auto opts = x.options();
   // the kernels write every element: no zero fill (a second pass over dweight-sized memory)
@@ -163,6 +190,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     TORCH_CHECK(saved.dim() == 3 && saved.size(0) == s.batch && saved.size(1) == s.outputs &&
                     saved.size(2) == s.paths,
                 "glai_ext: saved must be the forward's Z [B, O, P], got ", saved.sizes());
+  }
+  const auto* bf16 = bf16_kernels_for(x_in);
+  if (bf16 != nullptr && !empty_problem(s) && (has_z || !need_act)) {
+    const at::Tensor x = x_in.contiguous(), act = act_in.contiguous(), w = w_in.contiguous();
+    const at::Tensor dy = dy_in.contiguous();
+    const at::Tensor z = (has_z && need_act) ? saved.contiguous() : at::Tensor();
+    const auto opts = x.options();
+    at::Tensor dx = need_x ? at::empty({s.batch, s.inputs}, opts) : at::Tensor();
+    at::Tensor dact = need_act ? at::empty({s.batch, s.paths}, opts) : at::Tensor();
+    at::Tensor dw = need_weight ? at::empty({s.outputs, s.inputs, s.paths}, opts) : at::Tensor();
+    if (need_x || need_act || need_weight) {
+      const int status = bf16->backward(bf16_problem(x, act, w, s), bits(dy),
+                                        z.defined() ? bits(z) : nullptr, mutable_bits(dx),
+                                        mutable_bits(dact), mutable_bits(dw));
+      TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
+    }
+    auto result = [&](const at::Tensor& t) { return t.defined() ? t : at::empty({0}, opts); };
+    return {result(dx), result(dact), result(dw)};
   }
   const at::Tensor x = in_opmath(x_in), act = in_opmath(act_in), w = in_opmath(w_in);
   const at::Tensor dy = in_opmath(dy_in);

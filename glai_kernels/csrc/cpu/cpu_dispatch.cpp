@@ -4,12 +4,17 @@
 // would leave AVX-512 (2x the FMA width of AVX2, 2.4x MKL's sgemm rate on the machine in
 // bench/NOTES.md) unused. So the same source is compiled three times under target pragmas,
 // into namespaces avx512, avx2 and portable, and __builtin_cpu_supports chooses at first
-// use. $GLAI_KERNELS_CPU_ISA (or the op glai_ext::cpu_isa) forces one, for tests.
+// use. $GLAI_KERNELS_CPU_ISA (or the op glai_ext::cpu_isa) forces one, for tests. bfloat16
+// has its own kernels (kernels_bf16.inc) for CPUs with AVX512_BF16, used with "avx512".
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>  // the bfloat16 kernels' dot-product intrinsics
+#endif
 
 namespace glai_cpu {
 
@@ -47,6 +52,17 @@ namespace glai_cpu::avx2 {
 #include "kernels.inc"
 #undef VBYTES
 }  // namespace glai_cpu::avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")
+#endif
+namespace glai_cpu::avx512bf16 {
+#include "kernels_bf16.inc"
+}  // namespace glai_cpu::avx512bf16
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -128,6 +144,15 @@ const Kernels<float>& kernels<float>() {
 template <>
 const Kernels<double>& kernels<double>() {
   return kIsas[current()].f64;
+}
+
+const Bf16Kernels* bf16_kernels() {
+#if GLAI_X86
+  static const Bf16Kernels table{&avx512bf16::forward, &avx512bf16::backward};
+  static const bool cpu_has = has_avx512() && __builtin_cpu_supports("avx512bf16");
+  if (cpu_has && std::strcmp(kIsas[current()].name, "avx512") == 0) return &table;
+#endif
+  return nullptr;
 }
 
 const char* isa() { return kIsas[current()].name; }

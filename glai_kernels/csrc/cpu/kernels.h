@@ -40,6 +40,18 @@ struct Kernels {
 template <typename T>
 const Kernels<T>& kernels();
 
+// bfloat16 problems (raw bf16 bits) on CPUs with AVX512_BF16, whose vdpbf16ps dot products run
+// at twice the float rate; other CPUs convert bfloat16 to float and use kernels<float>().
+struct Bf16Kernels {
+  int (*forward)(const Problem<uint16_t>& p, uint16_t* y, uint16_t* z);
+  // also returns 2 when dact is wanted without a saved Z (the caller uses the float path)
+  int (*backward)(const Problem<uint16_t>& p, const uint16_t* dy, const uint16_t* z,
+                  uint16_t* dx, uint16_t* dact, uint16_t* dweight);
+};
+
+// The bfloat16 kernels if the instruction set in use is avx512 and the CPU has AVX512_BF16.
+const Bf16Kernels* bf16_kernels();
+
 // The instruction set in use ("avx512", "avx2", "portable").
 const char* isa();
 // Select an instruction set by name; returns false if unknown or unsupported by this CPU.
