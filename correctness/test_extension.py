@@ -143,6 +143,41 @@ def test_failing_compiler_is_reported(tmp_path):
     assert "simulated compiler failure" in out, out
 
 
+def test_failed_cuda_build_leaves_cpp_working(built, tmp_path):
+    """A CUDA part that does not compile: `cpp` still builds and works, `cuda` gives the
+    reason, and the next process reads the remembered failure instead of rebuilding."""
+    if built.with_cuda:
+        pytest.skip("simulated where the CUDA part is not built for real")
+    cache = tmp_path / "cache"
+    shutil.copytree(built.directory, cache / built.directory.name)  # the CPU part, built
+    broken = tmp_path / "broken.cu"
+    broken.write_text("#error simulated CUDA build failure\n")
+    code = f"""
+        import time
+        from pathlib import Path
+        from glai_kernels.backends import extension as e
+        e.cuda_build_reason = lambda: None  # as if torch had CUDA and nvcc were there
+        e.cuda_sources = lambda: [Path({str(broken)!r})]
+        start = time.perf_counter()
+        result = e.build()
+        print("ERROR:", result.error)
+        print("WITH_CUDA:", result.with_cuda)
+        print("CUDA:", result.cuda_reason)
+        print("SECONDS:", time.perf_counter() - start)
+        import torch, glai_kernels
+        x, act, w = torch.randn(3, 4), torch.rand(3, 5), torch.randn(2, 4, 5)
+        print("Y:", tuple(glai_kernels.estimator(x, act, w, backend="cpp").shape))
+    """
+    env = {extension.CACHE_ENV: str(cache)}
+    first = _run_python(code, env)
+    assert "ERROR: None" in first and "WITH_CUDA: False" in first, first
+    assert "with CUDA failed" in first, first
+    assert "Y: (3, 2)" in first, first
+    second = _run_python(code, env)
+    assert "with CUDA failed" in second and "Y: (3, 2)" in second, second
+    assert float(re.search(r"SECONDS: (\S+)", second).group(1)) < 10, second
+
+
 def test_cuda_backend_states_why_it_is_unavailable():
     reason = {s.name: s for s in glai_kernels.backends()}["cuda"].devices["cuda"]
     if torch.cuda.is_available() and extension.cuda_build_reason() is None:

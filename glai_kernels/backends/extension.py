@@ -41,6 +41,7 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 CACHE_ENV = "GLAI_KERNELS_CACHE"
 VERBOSE_ENV = "GLAI_KERNELS_VERBOSE"
 _BUILT_MARKER = "built.ok"
+_FAILED_MARKER = "failed.txt"  # a CUDA build that failed: not retried until the sources change
 
 # -ffp-contract=fast lets the vector-extension kernels use FMA (ISO C++ mode turns it off).
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-Wall", "-Wno-unknown-pragmas")
@@ -148,29 +149,27 @@ def _summarise(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}"[:600]
 
 
+def _is_built(directory: Path) -> bool:
+    return (directory / _BUILT_MARKER).exists() and (directory / f"{EXTENSION_NAME}.so").exists()
+
+
 def _load_built(directory: Path) -> bool:
     """Load a library built earlier in this cache directory, without calling ninja."""
-    library = directory / f"{EXTENSION_NAME}.so"
-    if not (directory / _BUILT_MARKER).exists() or not library.exists():
+    if not _is_built(directory):
         return False
     try:
-        torch.ops.load_library(str(library))
+        torch.ops.load_library(str(directory / f"{EXTENSION_NAME}.so"))
     except OSError:
         return False
     return True
 
 
-@functools.cache
-def build() -> Build:
-    """Build (or load from the cache) and register the extension, once per process."""
-    cuda_reason = cuda_build_reason()
-    with_cuda = cuda_reason is None
+def _compile(with_cuda: bool) -> tuple[Path, str | None]:
+    """Build and load the extension (with or without its CUDA part) in its cache directory,
+    or load an earlier build from there; (directory, None) or (directory, what failed)."""
     directory = build_directory(with_cuda)
     if _load_built(directory):
-        return Build(None, with_cuda, cuda_reason, directory)
-    missing = missing_tools()
-    if missing is not None:
-        return Build(f"cannot build the glai_ext extension: {missing}", False, cuda_reason)
+        return directory, None
     from torch.utils.cpp_extension import load
 
     sources = cpu_sources() + (cuda_sources() if with_cuda else [])
@@ -186,10 +185,34 @@ def build() -> Build:
              is_python_module=False,
              verbose=bool(os.environ.get(VERBOSE_ENV)))
     except Exception as error:  # a failed build must not break the other backends
-        return Build(f"building the glai_ext extension failed ({_summarise(error)}); "
-                     f"set {VERBOSE_ENV}=1 for the full log", False, cuda_reason, directory)
+        return directory, (f"building the glai_ext extension{' with CUDA' if with_cuda else ''} "
+                           f"failed ({_summarise(error)}); set {VERBOSE_ENV}=1 for the full log")
     (directory / _BUILT_MARKER).write_text(f"{torch.__version__}\n")
-    return Build(None, with_cuda, cuda_reason, directory)
+    return directory, None
+
+
+@functools.cache
+def build() -> Build:
+    """Build (or load from the cache) and register the extension, once per process.
+
+    The CUDA part is included when torch has CUDA and nvcc exists; if that build fails, the
+    CPU part is built alone, so `cpp` still works and `cuda` reports the failure (remembered
+    in the cache directory until the sources change)."""
+    cuda_reason = cuda_build_reason()
+    with_cuda = cuda_reason is None
+    if with_cuda and (build_directory(True) / _FAILED_MARKER).exists():
+        cuda_reason = (build_directory(True) / _FAILED_MARKER).read_text()
+        with_cuda = False
+    if not _is_built(build_directory(with_cuda)):
+        missing = missing_tools()
+        if missing is not None:
+            return Build(f"cannot build the glai_ext extension: {missing}", False, cuda_reason)
+    directory, error = _compile(with_cuda)
+    if error is not None and with_cuda:
+        (directory / _FAILED_MARKER).write_text(error)
+        cuda_reason, with_cuda = error, False
+        directory, error = _compile(False)
+    return Build(error, with_cuda and error is None, cuda_reason, directory)
 
 
 def cpp_availability(device_type: str) -> str | None:
