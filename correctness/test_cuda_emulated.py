@@ -44,7 +44,15 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler to build the emulated kernels")
-    library = tmp_path_factory.mktemp("cuda_emulation") / "libglai_cuda_emulated.so"
+    work = tmp_path_factory.mktemp("cuda_emulation")
+    # the emulation needs C++20's <barrier> and _Float16: an older compiler skips, it does not fail
+    probe = work / "probe.cpp"
+    probe.write_text("#include <barrier>\nint main() { std::barrier<> b(1); _Float16 h = 1;"
+                     " b.arrive_and_wait(); return static_cast<int>(h) - 1; }\n")
+    if subprocess.run([compiler, "-std=c++20", "-pthread", str(probe), "-o", str(work / "probe")],
+                      capture_output=True).returncode != 0:
+        pytest.skip(f"{compiler} lacks C++20 <barrier> or _Float16, which the emulation uses")
+    library = work / "libglai_cuda_emulated.so"
     done = subprocess.run(
         [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-DGLAI_CUDA_EMULATION",
          f"-I{EMULATION}", "-x", "c++", str(SOURCE), "-o", str(library)],
