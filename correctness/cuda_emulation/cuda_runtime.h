@@ -1,15 +1,16 @@
 // CPU emulation of the CUDA runtime subset estimator_kernels.cu uses, for tests only
-// (correctness/test_cuda_emulated.py). Each block runs its threads as std::threads with a
-// std::barrier for __syncthreads; blocks run one after another, so `__shared__` can be a
-// function-local static. Kernels are launched through glai_emulated_launch (the .cu's
-// GLAI_LAUNCH macro under GLAI_CUDA_EMULATION).
+// (correctness/test_cuda_emulated.py). A block's threads are fibers (ucontext) on the calling
+// thread: each runs until it reaches __syncthreads or ends, then the next one runs, so a
+// barrier is one round over the block; blocks run one after another, so `__shared__` can be
+// a function-local static. One OS thread: no load on other processes, no data races. Kernels
+// are launched through glai_emulated_launch (the .cu's GLAI_LAUNCH under GLAI_CUDA_EMULATION).
 #pragma once
 
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <cstdlib>
 
 #define __global__
 #define __device__
@@ -40,12 +41,26 @@ struct dim3 {
 };
 
 namespace glai_emulation {
-inline thread_local uint3 thread_index{}, block_index{};
-inline thread_local dim3 block_dim{}, grid_dim{};
-inline thread_local std::barrier<>* block_barrier = nullptr;
+inline uint3 thread_index{}, block_index{};
+inline dim3 block_dim{}, grid_dim{};
 inline int compute_capability = 80;
 // what a kernel did wrong, reported by the next cudaGetLastError as the device would
-inline std::atomic<int> sticky_error{cudaSuccess};
+inline std::atomic<int> sticky_error{0};
+
+struct Fiber {
+  ucontext_t context;
+  bool done;
+};
+inline ucontext_t scheduler;
+inline Fiber* fibers = nullptr;
+inline unsigned current = 0;
+inline void (*body)(void*) = nullptr;
+inline void* body_argument = nullptr;
+
+inline void run_fiber() {
+  body(body_argument);
+  fibers[current].done = true;  // returning resumes the scheduler (uc_link)
+}
 }  // namespace glai_emulation
 
 #define threadIdx (glai_emulation::thread_index)
@@ -53,7 +68,10 @@ inline std::atomic<int> sticky_error{cudaSuccess};
 #define blockDim (glai_emulation::block_dim)
 #define gridDim (glai_emulation::grid_dim)
 
-inline void __syncthreads() { glai_emulation::block_barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+  using namespace glai_emulation;
+  swapcontext(&fibers[current].context, &scheduler);
+}
 
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -70,30 +88,46 @@ inline cudaError_t cudaGetLastError() {
 }
 inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "ok" : "error"; }
 
-// Runs kernel(args...) for every block of `grid`, each block's threads concurrently.
+// Runs kernel(args...) for every block of `grid`, the block's threads as fibers in rounds.
 template <typename... Params, typename... Args>
 void glai_emulated_launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t,
                           Args... args) {
+  using namespace glai_emulation;
+  constexpr size_t kStack = 128 * 1024;
   const unsigned threads = block.x * block.y * block.z;
+  auto call = [&] { kernel(args...); };
+  body = [](void* f) { (*static_cast<decltype(call)*>(f))(); };
+  body_argument = &call;
+  Fiber* pool = static_cast<Fiber*>(std::calloc(threads, sizeof(Fiber)));
+  char* stacks = static_cast<char*>(std::malloc(threads * kStack));
+  fibers = pool;
+  block_dim = block;
+  grid_dim = grid;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        std::barrier<> barrier(threads);
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
+        block_index = {x, y, z};
         for (unsigned t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            glai_emulation::thread_index = {t % block.x, (t / block.x) % block.y,
-                                            t / (block.x * block.y)};
-            glai_emulation::block_index = {x, y, z};
-            glai_emulation::block_dim = block;
-            glai_emulation::grid_dim = grid;
-            glai_emulation::block_barrier = &barrier;
-            kernel(args...);
-          });
+          getcontext(&pool[t].context);
+          pool[t].context.uc_stack.ss_sp = stacks + t * kStack;
+          pool[t].context.uc_stack.ss_size = kStack;
+          pool[t].context.uc_link = &scheduler;
+          makecontext(&pool[t].context, run_fiber, 0);
+          pool[t].done = false;
         }
-        for (auto& th : pool) th.join();
+        for (bool running = true; running;) {  // one round = every thread to its next barrier
+          running = false;
+          for (unsigned t = 0; t < threads; ++t) {
+            if (pool[t].done) continue;
+            current = t;
+            thread_index = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            swapcontext(&scheduler, &pool[t].context);
+            running |= !pool[t].done;
+          }
+        }
       }
+  std::free(stacks);
+  std::free(pool);
 }
 
 extern "C" void glai_emulation_set_compute_capability(int cc) {  // one TU includes this
