@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,20 +14,18 @@ from glai_kernels.glai.selector import PathSelector
 from glai_kernels.op import estimator
 
 
-class _MaskGradient(torch.autograd.Function):
-    """Identity forward; backward zeroes the gradient outside the mask, so weights outside it
-    get exactly zero gradient and, starting at zero, stay zero under SGD/Adam/AdamW with
-    weight decay (their update of a zero weight with zero gradient and zero state is 0)."""
+def _zero_pruned_gradient(module_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook: zero the gradient of pruned path weights, in place, once
+    per backward (however many forwards fed it). A weight that starts at zero with zero
+    gradient and zero optimizer state stays exactly zero under SGD/Adam/AdamW with weight
+    decay, whose update of such an entry is 0."""
 
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(mask)
-        return weight.view_as(weight)
+    def hook(param: torch.Tensor) -> None:
+        module = module_ref()
+        if module is not None and module._pruned is not None and param.grad is not None:
+            param.grad.masked_fill_(module._pruned, 0)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (mask,) = ctx.saved_tensors
-        return torch.where(mask, grad, 0), None
+    return hook
 
 
 class GLAIHead(nn.Module):
@@ -33,7 +34,8 @@ class GLAIHead(nn.Module):
     Shapes: x [B, n0] -> y [B, O]; weight [O, I = n0+1, P]; act [B, P] from the frozen
     selector. Only `weight` and `bias` are parameters (the selector's layers are buffers).
     `weight_mask` (bool [O, I, P], or None for all) marks the path weights that exist: entries
-    outside it are zero, get zero gradient, and are not counted by `num_parameters()`.
+    outside it are zero, get zero gradient (a post-accumulate-grad hook zeroes it in place
+    after each backward), and are not counted by `num_parameters()`.
     `backend_used` records the estimator backend of the last forward.
     Build one with `glai_kernels.from_mlp(mlp)`; prune with `glai_kernels.glai.prune`.
     """
@@ -65,8 +67,20 @@ class GLAIHead(nn.Module):
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
         self.register_buffer("weight_mask", None if mask is None else mask.clone())
+        # the complement, kept so each step's gradient masking is one in-place pass
+        self.register_buffer("_pruned", None if mask is None else ~mask, persistent=False)
+        self._hooked: int | None = None
         self.backend = backend
         self.backend_used: str | None = None
+        self._ensure_gradient_mask()
+
+    def _ensure_gradient_mask(self) -> None:
+        # Hooks live on the Parameter object and are not deep-copied, so a copied head (or one
+        # whose Parameter was replaced) registers its own on first use.
+        if self._pruned is not None and self._hooked != id(self.weight):
+            self.weight.register_post_accumulate_grad_hook(
+                _zero_pruned_gradient(weakref.ref(self)))
+            self._hooked = id(self.weight)
 
     @property
     def in_features(self) -> int:
@@ -95,12 +109,11 @@ class GLAIHead(nn.Module):
         """x [B, n0] -> y [B, O]."""
         act = self.selector(x)
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
-        weight = self.weight
-        if self.weight_mask is not None and weight.requires_grad and torch.is_grad_enabled():
-            weight = _MaskGradient.apply(weight, self.weight_mask)
+        if self._pruned is not None and torch.is_grad_enabled():
+            self._ensure_gradient_mask()
         impl = registry.resolve(self.backend, x.device, x.dtype)
         self.backend_used = impl.name
-        return estimator(x_aug, act, weight, self.bias, backend=impl.name)
+        return estimator(x_aug, act, self.weight, self.bias, backend=impl.name)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, paths={self.paths}, "
