@@ -194,3 +194,15 @@ def test_bad_data_dimensions_are_refused(tmp_path):
     preset = dataclasses.replace(TINY_PRESET, heads=(head,), seeds=(0,))
     with pytest.raises(ValueError, match="embeddings have 5 dims, the head takes 24"):
         run_config(preset, tmp_path / "o", data_files={"A1": tmp_path / "w.pt"}, progress=False)
+
+
+def test_automatic_switch_counts_its_monitoring():
+    from bench.pipeline.protocol import run_head
+
+    head = TINY[0]
+    protocol = dataclasses.replace(TINY_PRESET.protocol, switch="auto", max_epochs=6)
+    records = run_head(head, synthetic(head, TINY_PRESET.sizes["A"]), 0, protocol)
+    glai = next(r for r in records if r["model"] == "GLAI")
+    assert 1 <= glai["reduced_epochs"] <= 6 and glai["switch"] == "auto"
+    assert len(glai["m_history"]) == glai["reduced_epochs"]
+    assert glai["t_monitor"] > 0 and glai["t_reduced"] >= glai["t_monitor"]

@@ -187,3 +187,20 @@ def test_sampled_threshold_top_equals_full_topk():
     expected = flat.topk(3000).values
     assert indices.unique().numel() == 3000
     torch.testing.assert_close(values.sort().values, expected.sort().values, rtol=0, atol=0)
+
+
+def test_a_deep_copied_or_double_forward_head_keeps_its_zeros():
+    import copy
+
+    torch.manual_seed(19)
+    head = from_mlp(random_mlp((6, 9, 3), seed=19, dtype=torch.float32))
+    x = torch.randn(32, 6)
+    pruned = copy.deepcopy(prune(head, x, mu=0.3).head)  # hooks are not copied: re-registered
+    mask = pruned.weight_mask
+    optimizer = torch.optim.Adam(pruned.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(4):
+        optimizer.zero_grad()
+        (pruned(x).square().mean() + pruned(x[:5]).abs().mean()).backward()  # two forwards
+        optimizer.step()
+    assert bool((pruned.weight.detach()[~mask] == 0).all())
+    assert bool((pruned.weight.grad[~mask] == 0).all()) and pruned.weight.grad[mask].abs().sum() > 0

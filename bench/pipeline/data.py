@@ -16,7 +16,8 @@ the training split does not have, as a few-shot benchmark does. Run it with
 `python -m bench.pipeline --data A1=path/to/a1.npz ...`.
 
 Built-in, no download:
-  * `synthetic`: embeddings from a planted nonlinear teacher with each head's n0 (below).
+  * `synthetic`: embeddings from a planted nonlinear teacher with each head's n0 (see
+    `synthetic`).
   * `digits`: scikit-learn's bundled 8x8 digits (1,797 real images, shipped inside the
     package), lifted to n0 dimensions by a frozen random ReLU feature map (a stand-in backbone).
 """
@@ -127,37 +128,26 @@ def _embed(z: torch.Tensor, n0: int, gen: torch.Generator) -> torch.Tensor:
     return (x - x.mean(0)) / x.std(0).clamp_min(1e-6)
 
 
-def _balanced_teacher_labels(x: torch.Tensor, classes: int, gen: torch.Generator) -> torch.Tensor:
-    """Labels from a random ReLU teacher n0 -> 64 -> classes, with per-class offsets tuned
-    so every class is about equally frequent (argmax of raw random logits is lopsided)."""
-    w1 = torch.randn(x.shape[1], 64, generator=gen) / x.shape[1] ** 0.5
-    w2 = torch.randn(64, classes, generator=gen) / 8
-    logits = torch.relu(x @ w1 + 0.2 * torch.randn(64, generator=gen)) @ w2
-    offset = torch.zeros(classes)
-    step = float(logits.std())
-    for _ in range(200):
-        freq = torch.bincount((logits - offset).argmax(1), minlength=classes) / len(x)
-        offset += step * (freq - 1 / classes)
-    return (logits - offset).argmax(1)
+MODES = 3  # latent clusters per class in family A: classes are not convex, so not linear
 
 
 def synthetic(head: PaperHead, sizes: dict[str, int], *, seed: int = 0,
               classes_c: tuple[int, int, int] = (48, 12, 12)) -> EmbeddingSplits:
     """Synthetic embeddings with the head's n0 from a planted nonlinear teacher (seeded).
 
-    Every family: latent z ~ N(0, I_32) through a fixed random ReLU map to n0 dimensions,
-    plus noise, standardised (a frozen-backbone stand-in). Then
-      A: labels = argmax of a random ReLU teacher (n0 -> 64 -> n2) on x, balanced classes;
-      B: no labels (contrastive);
-      C: classes are latent clusters (centres ~ N(0, I), spread 0.6) pushed through the same
-         map; train/val/test classes are disjoint (`classes_c`), `sizes['per_class']` each.
-    `sizes` gives 'train', 'val', 'test' counts for A and B.
+    Every family: latent z in R^32 through a fixed random ReLU map to n0 dimensions, plus
+    noise, standardised (a frozen-backbone stand-in). Then
+      A: n2 classes, each a mixture of 3 latent clusters (centres ~ N(0, I), spread 0.6),
+         balanced; `sizes` 'train'/'val'/'test' samples;
+      B: z ~ N(0, I), no labels (contrastive); same sizes;
+      C: classes are single latent clusters (spread 0.6); train/val/test classes are disjoint
+         (`classes_c`), `sizes['per_class']` samples each.
     """
     gen = torch.Generator().manual_seed(10_000 + seed)
     family = head.family
     if family == "C":
         total = sum(classes_c)
-        centres = torch.randn(total, LATENT, generator=gen) * 1.0
+        centres = torch.randn(total, LATENT, generator=gen)
         per = sizes["per_class"]
         label = torch.arange(total).repeat_interleave(per)
         z = centres[label] + 0.6 * torch.randn(total * per, LATENT, generator=gen)
@@ -170,9 +160,17 @@ def synthetic(head: PaperHead, sizes: dict[str, int], *, seed: int = 0,
             classes[split] = list(range(bounds[k], bounds[k + 1]))
         return EmbeddingSplits(x, y, "synthetic", _SYNTHETIC_NOTE, classes)
     counts = [sizes[s] for s in SPLITS]
-    z = torch.randn(sum(counts), LATENT, generator=gen)
+    n = sum(counts)
+    y_all = None
+    if family == "A":
+        centres = torch.randn(head.n2 * MODES, LATENT, generator=gen)
+        y_all = torch.arange(n) % head.n2  # balanced
+        y_all = y_all[torch.randperm(n, generator=gen)]
+        mode = torch.randint(0, MODES, (n,), generator=gen)
+        z = centres[y_all * MODES + mode] + 0.6 * torch.randn(n, LATENT, generator=gen)
+    else:
+        z = torch.randn(n, LATENT, generator=gen)
     x_all = _embed(z, head.n0, gen)
-    y_all = _balanced_teacher_labels(x_all, head.n2, gen) if family == "A" else None
     x, y = {}, {}
     start = 0
     for split, count in zip(SPLITS, counts, strict=True):
@@ -183,11 +181,10 @@ def synthetic(head: PaperHead, sizes: dict[str, int], *, seed: int = 0,
 
 
 _SYNTHETIC_NOTE = (
-    "synthetic embeddings: latent z ~ N(0, I_32) -> fixed random ReLU map -> n0 dims + noise "
-    "(standardised); A: labels from a random ReLU teacher on x (balanced); B: unlabeled; "
-    "C: latent class clusters, disjoint train/val/test classes")
-
-
+    "synthetic embeddings (a planted nonlinear teacher): latent z in R^32 -> fixed random ReLU "
+    "map -> n0 dims + noise, standardised; A: balanced classes, each a mixture of 3 latent "
+    "clusters (not linearly separable in z); B: z ~ N(0, I), unlabeled; C: one latent cluster "
+    "per class, disjoint train/val/test classes")
 # ---------------------------------------------------------------------------------------------
 # scikit-learn digits
 
