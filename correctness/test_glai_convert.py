@@ -31,6 +31,18 @@ def test_exact_in_float64(widths, bias):
             assert relative_error(head(x), mlp(x)) <= 1e-10
 
 
+def test_non_contiguous_inputs_and_no_modification():
+    mlp = random_mlp((11, 9, 6, 4), seed=2)
+    head = from_mlp(mlp)
+    wide = unseen_inputs(13, 22, seed=3)
+    x = wide[:, ::2]  # a strided view
+    assert not x.is_contiguous()
+    before = x.clone()
+    with torch.no_grad():
+        assert relative_error(head(x), mlp(x.contiguous())) <= 1e-10
+    assert torch.equal(x, before)
+
+
 def test_path_count_and_structure():
     head = from_mlp(random_mlp((6, 7, 5, 3), seed=0))
     assert head.paths == 7 * 5 + 5  # pair paths, then the layer-2 bias paths
