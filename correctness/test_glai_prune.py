@@ -204,3 +204,17 @@ def test_a_deep_copied_or_double_forward_head_keeps_its_zeros():
         optimizer.step()
     assert bool((pruned.weight.detach()[~mask] == 0).all())
     assert bool((pruned.weight.grad[~mask] == 0).all()) and pruned.weight.grad[mask].abs().sum() > 0
+
+
+def test_loading_a_state_dict_brings_its_mask():
+    from glai_kernels.glai import GLAIHead
+
+    full = from_mlp(random_mlp((5, 8, 2), seed=20, dtype=torch.float32))
+    gen = torch.Generator().manual_seed(21)
+    masks = [torch.rand(full.weight.shape, generator=gen) < 0.5 for _ in range(2)]
+    a, b = (GLAIHead(full.selector, full.weight, full.bias, m) for m in masks)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(b.weight_mask, masks[0])
+    b(torch.randn(7, 5)).square().sum().backward()
+    assert bool((b.weight.grad[~masks[0]] == 0).all())
+    assert b.weight.grad[masks[0]].abs().sum() > 0

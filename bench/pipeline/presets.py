@@ -39,14 +39,14 @@ PRESETS = {
         "quick", ALL, (0, 1, 2),
         Protocol(max_epochs=3, max_epochs_b=2, max_epochs_c=3, patience_cap=2, reference_size=256,
                  episodes_per_epoch=5, val_episodes=5),
-        {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 48, "val": 32, "test": 32},
+        {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 32, "val": 32, "test": 32},
          "C": {"per_class": 16}}),
     "default": Preset(
         "default", ALL, (0, 1, 2),
         Protocol(max_epochs=20, max_epochs_b=8, max_epochs_c=35, reference_size=512,
-                 episodes_per_epoch=3, val_episodes=6),
+                 episodes_per_epoch=3, val_episodes=5),
         {"A": {"train": 384, "val": 192, "test": 192},
-         "B": {"train": 64, "val": 48, "test": 48}, "C": {"per_class": 20}},
+         "B": {"train": 48, "val": 48, "test": 48}, "C": {"per_class": 20}},
         {name: ("synthetic", "digits") for name in DIGITS_DEFAULT}),
     "full": Preset(
         "full", ALL, (0, 1, 2),

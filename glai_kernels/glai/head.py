@@ -62,13 +62,14 @@ class GLAIHead(nn.Module):
         registry.requested_name(backend)  # an unknown backend name fails here, not mid-training
         self.selector = selector
         weight = weight.detach().clone()
-        if mask is not None:
-            weight.masked_fill_(~mask, 0)
+        pruned = None if mask is None else ~mask
+        if pruned is not None:
+            weight.masked_fill_(pruned, 0)
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
         self.register_buffer("weight_mask", None if mask is None else mask.clone())
         # the complement, kept so each step's gradient masking is one in-place pass
-        self.register_buffer("_pruned", None if mask is None else ~mask, persistent=False)
+        self.register_buffer("_pruned", pruned, persistent=False)
         self._hooked: int | None = None
         self.backend = backend
         self.backend_used: str | None = None
@@ -81,6 +82,11 @@ class GLAIHead(nn.Module):
             self.weight.register_post_accumulate_grad_hook(
                 _zero_pruned_gradient(weakref.ref(self)))
             self._hooked = id(self.weight)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.weight_mask is not None:  # a loaded mask replaces its complement too
+            self._pruned = ~self.weight_mask
 
     @property
     def in_features(self) -> int:

@@ -62,9 +62,9 @@ def path_norms(head: GLAIHead, reference: torch.Tensor, batch_size: int = 4096) 
 @torch.no_grad()
 def path_scores(head: GLAIHead, reference: torch.Tensor) -> torch.Tensor:
     """|weight[o,i,s]| * ‖c_{i,s}‖₁ [O, I, P]; zero where no path exists (outside the mask)."""
-    scores = head.weight.detach().abs() * path_norms(head, reference)
+    scores = head.weight.detach().abs().mul_(path_norms(head, reference))  # one new tensor
     if head.weight_mask is not None:
-        scores = scores.masked_fill(~head.weight_mask, 0)
+        scores.masked_fill_(~head.weight_mask, 0)
     return scores
 
 
@@ -152,14 +152,19 @@ def prune(
         dropped[columns.to(per_column.device)] = 0
         dropped_score = float(dropped.sum())
     else:
-        flat = scores.flatten()
+        # `scores` is ours: work in place (tens of millions of entries for the B heads)
+        flat = scores.view(-1)
+        structural = 0
         if support is not None:  # never pick a structural zero, even one with score 0
-            flat = flat.masked_fill(~support.flatten(), -1.0)
+            flat.masked_fill_(~support.view(-1), -1.0)
+            structural = support.numel() - candidates
         _, indices = _top(flat, count)
         mask = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
         mask[indices] = True
         mask = mask.view_as(scores)
-        dropped_score = float(scores.masked_fill(mask, 0).sum(dtype=torch.float64))
+        flat[indices] = 0  # what is left (plus the -1 marks) is the dropped scores
+        # a float64 sum would first copy every score; torch's pairwise float32 sum is ample
+        dropped_score = float(flat.sum()) + structural
         columns = mask.any(1).any(0).nonzero().flatten()
         pruned = _subhead(head, columns, mask)
     return PruneResult(pruned, pruned.path_count(), candidates, pruned.path_count() / candidates,
