@@ -1,7 +1,8 @@
 """Presets: how much of the paper's protocol to run.
 
-  quick    CI-sized (< 2 minutes on a 2-core CPU): the six heads at their real sizes,
-           3 seeds, tiny synthetic data, epochs capped at 3 and patience at 2.
+  quick    CI-sized (about 2 minutes on a 2-core CPU): the six heads at their real sizes,
+           3 seeds, tiny synthetic data, epochs capped at 3 and patience at 2, no structured
+           variant.
   default  what `nox -s bench` runs (aimed at about 8 minutes on an idle 2-core CPU): the
            six heads at real sizes, 3 seeds, small synthetic data, epoch caps 20 (A), 8 (B),
            35 (C) with the paper's patience; digits too for A2 and C1.
@@ -38,7 +39,7 @@ PRESETS = {
     "quick": Preset(
         "quick", ALL, (0, 1, 2),
         Protocol(max_epochs=3, max_epochs_b=2, max_epochs_c=3, patience_cap=2, reference_size=256,
-                 episodes_per_epoch=5, val_episodes=5),
+                 episodes_per_epoch=5, val_episodes=5, structured=False),
         {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 32, "val": 32, "test": 32},
          "C": {"per_class": 16}}),
     "default": Preset(

@@ -149,7 +149,9 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
         heads = list(dict.fromkeys(sub["head"]))
         means = sub.groupby(["head", "model"])[[c for c, _, _ in PHASES]].mean()
         cap = max(1.5, min(float(means.sum(axis=1).max()) * 1.05, 4.0))
-        for offset, model, hatch in ((-0.2, "GLAI", None), (0.2, "GLAI structured", "//")):
+        variants = [v for v in ((-0.2, "GLAI", None), (0.2, "GLAI structured", "//"))
+                    if (sub.model == v[1]).any()]
+        for offset, model, hatch in variants:
             bottom = np.zeros(len(heads))
             for column, label, colour in PHASES:
                 values = np.array([means.loc[(h, model), column] if (h, model) in means.index
@@ -161,18 +163,20 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
             for k, total in enumerate(bottom):
                 off_axis = total > cap
                 ax.text(k + offset, (cap * 1.01) if off_axis else total + cap * 0.01,
-                        f"{total:.2g}", ha="center", va="bottom", fontsize=7,
+                        f"{total:.2f}" if total < 10 else f"{total:.0f}", ha="center",
+                        va="bottom", fontsize=7,
                         color="red" if off_axis else "black", clip_on=False)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_ylim(0, cap)
         ax.set_xticks(range(len(heads)), heads)
         ax.set_ylabel("time / original MLP's training time")
         ax.set_title(f"data: {data}", fontsize=9, pad=14)
-    fig.legend(loc="lower center", ncol=4, fontsize=8, frameon=False,
-               handles=[*axes[0][0].get_legend_handles_labels()[0],
-                        plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="grey",
-                                      hatch="//")],
-               labels=[*axes[0][0].get_legend_handles_labels()[1], "structured pruning"])
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if (glai.model == "GLAI structured").any():
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="grey",
+                                     hatch="//"))
+        labels.append("structured pruning")
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle("Figure 5 analogue: GLAI's training time by phase over the original MLP's "
                  "(mean over seeds)\nbelow the dashed line = faster than the MLP; "
                  "red totals are cut off by the axis", fontsize=9)
