@@ -78,6 +78,8 @@ def test_glai_records_are_consistent(tiny_run):
         assert r["backend"] and 0 < r["mu"] <= 1
         assert len(r["m_history"]) == r["reduced_epochs"]
     mlp = {(r["data"], r["head"], r["seed"]): r for r in records if r["model"] == "MLP"}
+    for r in mlp.values():  # the original MLP's m_t, one per epoch, logged untimed
+        assert len(r["m_history"]) == r["epochs"] and min(r["m_history"]) >= 0
     for r in glai:  # the paper's fixed fractions of the original MLP's epochs
         family = r["family"]
         fraction = {"A": 0.2, "B": 0.15, "C": 0.1}[family]

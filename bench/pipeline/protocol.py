@@ -113,12 +113,22 @@ def _record(head, data, seed, model, result, **extra) -> dict:
 
 
 def run_baseline(name: str, model: nn.Module, head: PaperHead, data: EmbeddingSplits,
-                 task: Task, protocol: Protocol, seed: int) -> dict:
+                 task: Task, protocol: Protocol, seed: int, *,
+                 monitor: StructureMonitor | None = None) -> dict:
+    """Train an MLP or linear head with SGD; `monitor` logs its m_t per epoch (untimed)."""
     optimizer = make_optimizer("sgd", model.parameters(), lr=head.lr,
                                weight_decay=head.mlp_weight_decay)
+    after_epoch = None
+    if monitor is not None:
+        monitor.observe(model)
+
+        def after_epoch(_epoch: int) -> bool:
+            monitor.observe(model)
+            return False  # logging only: never stops training
     result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
-                 early=protocol.early_stopping(head), seed=seed)
-    return _record(head, data, seed, name, result, params=count_parameters(model))
+                 early=protocol.early_stopping(head), seed=seed, after_epoch=after_epoch)
+    extra = {"m_history": list(monitor.history)} if monitor is not None else {}
+    return _record(head, data, seed, name, result, params=count_parameters(model), **extra)
 
 
 def _timed(device: torch.device, fn):
@@ -190,7 +200,11 @@ def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protoc
     records = []
     torch.manual_seed(1000 * seed)
     original = original_mlp(head).to(device)
-    records.append(run_baseline("MLP", original, head, data, task, protocol, seed))
+    monitor = None
+    if protocol.monitor:  # the original MLP's m_t, as in the paper's Figure 3
+        monitor = StructureMonitor(data.x["train"][:protocol.reference_size].to(device))
+    records.append(run_baseline("MLP", original, head, data, task, protocol, seed,
+                                monitor=monitor))
     torch.manual_seed(1000 * seed + 1)
     reduced = reduce_mlp(original_mlp(head), head.rho).to(device)
     records.append(run_baseline("MLP reduced", reduced, head, data, task, protocol, seed))
