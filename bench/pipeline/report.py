@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib import patheffects
 from scipy.stats import wilcoxon
 
 from bench.pipeline.protocol import MODELS
@@ -153,6 +154,7 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
                     if (sub.model == v[1]).any()]
         for offset, model, hatch in variants:
             bottom = np.zeros(len(heads))
+            parts = []
             for column, label, colour in PHASES:
                 values = np.array([means.loc[(h, model), column] if (h, model) in means.index
                                    else 0.0 for h in heads])
@@ -160,12 +162,20 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
                        color=colour, hatch=hatch, edgecolor="white",
                        label=label if model == "GLAI" and ax is axes[0][0] else None)
                 bottom += values
+                parts.append(values)
             for k, total in enumerate(bottom):
                 off_axis = total > cap
                 ax.text(k + offset, (cap * 1.01) if off_axis else total + cap * 0.01,
                         f"{total:.2f}" if total < 10 else f"{total:.0f}", ha="center",
                         va="bottom", fontsize=7,
                         color="red" if off_axis else "black", clip_on=False)
+                if off_axis:  # the phases of a bar the axis cuts, written along it
+                    ax.text(k + offset, cap * 0.5, "  ".join(
+                        f"{name} {p[k]:.2g}" for name, p in zip(("red.", "conv.", "est."),
+                                                                 parts, strict=True)),
+                        rotation=90, ha="center", va="center", fontsize=6.5,
+                        color="white", fontweight="bold",
+                        path_effects=[patheffects.withStroke(linewidth=1.6, foreground="black")])
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_ylim(0, cap)
         ax.set_xticks(range(len(heads)), heads)

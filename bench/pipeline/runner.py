@@ -13,7 +13,15 @@ from tqdm import tqdm
 from bench.pipeline import report
 from bench.pipeline.data import EmbeddingSplits, digits, load_embeddings, synthetic
 from bench.pipeline.presets import PRESETS, Preset
-from bench.pipeline.protocol import run_head
+from bench.pipeline.protocol import (
+    Protocol,
+    linear_head,
+    make_task,
+    original_mlp,
+    run_baseline,
+    run_head,
+)
+from glai_kernels.glai import reduce_mlp
 from glai_kernels.heads import PAPER_HEADS, PaperHead
 
 
@@ -47,6 +55,18 @@ def warm_up(preset: Preset) -> None:
         run_head(tiny, synthetic(tiny, sizes), 0, protocol)
 
 
+def warm_up_shapes(head: PaperHead, data: EmbeddingSplits, protocol: Protocol) -> None:
+    """One untimed epoch of the MLPs and the linear head at this head's real sizes: the first
+    matmuls of a new shape pay one-off setup (seconds, measured) that would otherwise land in
+    the first seed's original-MLP time."""
+    protocol = dataclasses.replace(protocol, max_epochs=1, max_epochs_b=1, max_epochs_c=1,
+                                   episodes_per_epoch=2, val_episodes=2)
+    task = make_task(head, data, protocol, 0, torch.device(protocol.device))
+    for model in (original_mlp(head), reduce_mlp(original_mlp(head), head.rho),
+                  linear_head(head)):
+        run_baseline("warm-up", model.to(protocol.device), head, data, task, protocol, 0)
+
+
 def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None = None,
                progress: bool = True) -> list[dict]:
     """Run every job of `preset`, write the reports into out_dir, return the records."""
@@ -63,6 +83,7 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
         for head, source in jobs:
             data = load_data(head, source, preset, data_files)
             notes[data.name] = data.description
+            warm_up_shapes(head, data, preset.protocol)
             for seed in preset.seeds:
                 bar.set_postfix_str(f"{head.name} on {data.name}, seed {seed}")
                 records.extend(run_head(head, data, seed, preset.protocol))
