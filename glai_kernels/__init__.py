@@ -5,10 +5,13 @@
 
 `backend=` picks an implementation per call; $GLAI_BACKEND sets the default; "auto" picks
 the fastest available one for the tensors' device. `glai_kernels.backends()` lists them.
+
+    head = glai_kernels.from_mlp(mlp)   # a ReLU MLP as a GLAI head, exactly (glai_kernels.glai)
 """
 
 from glai_kernels import backends as _backend_modules  # noqa: F401  (registers every backend)
 from glai_kernels.contract import SUPPORTED_DTYPES, Shape, check_inputs
+from glai_kernels.glai import GLAIHead, from_mlp
 from glai_kernels.module import GLAIEstimator
 from glai_kernels.op import estimator
 from glai_kernels.registry import BackendStatus, statuses
@@ -23,9 +26,11 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "BackendStatus",
     "GLAIEstimator",
+    "GLAIHead",
     "Shape",
     "backends",
     "check_inputs",
     "estimator",
+    "from_mlp",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,210 @@
+"""The protocol runner end to end (tiny heads, seconds), its data and its training pieces."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed
+
+from bench.pipeline.data import (
+    EmbeddingSplits,
+    digits,
+    load_embeddings,
+    save_embeddings,
+    synthetic,
+)
+from bench.pipeline.presets import Preset
+from bench.pipeline.protocol import MODELS, Protocol
+from bench.pipeline.runner import run_config
+from bench.pipeline.train import EarlyStopping, FewShot, info_nce, two_views
+from glai_kernels.heads import PAPER_HEADS
+
+
+def tiny(name: str, n0: int, n1: int, n2: int):
+    return dataclasses.replace(PAPER_HEADS[name], name=f"{name}-tiny", n0=n0, n1=n1, n2=n2)
+
+
+TINY = (tiny("A1", 24, 16, 6), tiny("B1", 20, 16, 8), tiny("C1", 16, 12, 5))
+TINY_PRESET = Preset(
+    "test", TINY, (0, 1, 2),
+    Protocol(max_epochs=4, max_epochs_b=3, max_epochs_c=4, patience_cap=2, reference_size=64,
+             episodes_per_epoch=3, val_episodes=4),
+    {"A": {"train": 64, "val": 48, "test": 16}, "B": {"train": 48, "val": 32, "test": 16},
+     "C": {"per_class": 12}},
+    {"C1-tiny": ("synthetic", "digits")})  # digits' few-shot episodes are few: cheap
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    return run_config(TINY_PRESET, out, progress=False), out
+
+
+def test_end_to_end_writes_every_report(tiny_run):
+    records, out = tiny_run
+    for name in ("README.md", "table3.md", "table3.csv", "figure5.png", "wilcoxon.md",
+                 "wilcoxon.csv", "pruning.md", "results.json", "convergence.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "figure5.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # 4 (head, data) jobs x 3 seeds x every model
+    assert len(records) == 4 * 3 * len(MODELS)
+    readme = (out / "README.md").read_text()
+    assert "synthetic embeddings" in readme and "scikit-learn digits" in readme
+    assert "Estimator backend: " in readme
+    saved = json.loads((out / "results.json").read_text())
+    assert len(saved["records"]) == len(records) and saved["meta"]["preset"] == "test"
+
+
+def test_glai_records_are_consistent(tiny_run):
+    records, _ = tiny_run
+    glai = [r for r in records if r["model"].startswith("GLAI")]
+    assert glai
+    for r in glai:
+        # reduced MLP + kept paths == original MLP (structured: whole columns, at most that)
+        if r["model"] == "GLAI":
+            assert r["params"] == r["params_original"] and not r["params_budget_capped"]
+        else:
+            assert r["params"] <= r["params_original"]
+        phases = r["t_reduced"] + r["t_convert"] + r["t_estimator"]
+        assert r["seconds"] == pytest.approx(phases)
+        assert min(r["t_reduced"], r["t_convert"], r["t_estimator"]) > 0
+        assert r["epochs_total"] == r["reduced_epochs"] + r["estimator_epochs"]
+        assert r["backend"] and 0 < r["mu"] <= 1
+        assert len(r["m_history"]) == r["reduced_epochs"]
+    mlp = {(r["data"], r["head"], r["seed"]): r for r in records if r["model"] == "MLP"}
+    for r in mlp.values():  # the original MLP's m_t, one per epoch, logged untimed
+        assert len(r["m_history"]) == r["epochs"] and min(r["m_history"]) >= 0
+    for r in glai:  # the paper's fixed fractions of the original MLP's epochs
+        family = r["family"]
+        fraction = {"A": 0.2, "B": 0.15, "C": 0.1}[family]
+        expected = max(1, int(fraction * mlp[(r["data"], r["head"], r["seed"])]["epochs"] + 0.5))
+        assert r["reduced_epochs"] == expected
+
+
+def test_tables_have_every_model_and_valid_p_values(tiny_run):
+    import pandas as pd
+
+    _, out = tiny_run
+    table = pd.read_csv(out / "table3.csv")
+    assert set(table["head"]) == set(MODELS)
+    assert (table.groupby(["data", "exp"]).size() == len(MODELS)).all()
+    tests = pd.read_csv(out / "wilcoxon.csv")
+    assert set(tests["comparison"]) >= {"GLAI vs. MLP", "MLP reduced vs. MLP", "Linear vs. MLP",
+                                        "GLAI vs. Linear", "GLAI vs. MLP reduced"}
+    assert ((tests["time p"] > 0) & (tests["time p"] <= 1)).all()
+    assert (tests.loc[tests.data == "synthetic", "pairs"] == 9).all()  # 3 heads x 3 seeds
+
+
+def test_users_embeddings_roundtrip_and_run(tmp_path):
+    head = TINY[0]
+    data = synthetic(head, TINY_PRESET.sizes["A"], seed=3)
+    for suffix in (".npz", ".pt"):
+        path = tmp_path / f"mine{suffix}"
+        save_embeddings(path, data)
+        loaded = load_embeddings(path)
+        for split in ("train", "val", "test"):
+            assert torch.equal(loaded.x[split], data.x[split])
+            assert torch.equal(loaded.y[split], data.y[split])
+        assert loaded.description == data.description
+    preset = dataclasses.replace(TINY_PRESET, heads=(head,), seeds=(0,))
+    records = run_config(preset, tmp_path / "out", data_files={"A1": tmp_path / "mine.npz"},
+                         progress=False)
+    assert {r["data"] for r in records} == {"mine"} and len(records) == len(MODELS)
+
+
+def test_loader_errors_name_the_problem(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "a.npz", x_train=np.ones((4, 3)), y_train=np.zeros(4))
+    with pytest.raises(ValueError, match="missing x_val"):
+        load_embeddings(tmp_path / "a.npz")
+    np.savez(tmp_path / "b.npz", x_train=np.ones((4, 3)), x_val=np.ones((2, 3)))
+    with pytest.raises(ValueError, match="missing y_train"):
+        load_embeddings(tmp_path / "b.npz")
+    assert load_embeddings(tmp_path / "b.npz", need_labels=False).y["train"] is None
+    np.savez(tmp_path / "c.npz", x_train=np.ones((4, 3)), y_train=np.zeros(3),
+             x_val=np.ones((2, 3)), y_val=np.zeros(2))
+    with pytest.raises(ValueError, match=r"y_train must be \[4\]"):
+        load_embeddings(tmp_path / "c.npz")
+    with pytest.raises(ValueError, match=r"\.npz or \.pt"):
+        load_embeddings(tmp_path / "d.csv")
+
+
+def test_synthetic_data_is_seeded_balanced_and_sized():
+    head = PAPER_HEADS["A2"]
+    a = synthetic(head, {"train": 400, "val": 100, "test": 100}, seed=1)
+    b = synthetic(head, {"train": 400, "val": 100, "test": 100}, seed=1)
+    c = synthetic(head, {"train": 400, "val": 100, "test": 100}, seed=2)
+    assert torch.equal(a.x["train"], b.x["train"]) and not torch.equal(a.x["train"], c.x["train"])
+    assert a.x["train"].shape == (400, 768) and a.y["val"].shape == (100,)
+    counts = torch.bincount(a.y["train"], minlength=4)
+    assert counts.min() > 0.6 * 100  # balanced to within a few percent of 100 each
+    fewshot = synthetic(PAPER_HEADS["C1"], {"per_class": 15}, seed=0)
+    assert not set(fewshot.classes["train"]) & set(fewshot.classes["val"])
+
+
+def test_digits_splits():
+    a2 = digits(PAPER_HEADS["A2"])
+    assert a2.x["train"].shape[1] == 768 and set(a2.y["train"].tolist()) == {0, 1, 2, 3}
+    c1 = digits(PAPER_HEADS["C1"])
+    assert set(c1.y["train"].tolist()) == {0, 1, 2, 3, 4}
+    assert set(c1.y["val"].tolist()) == {5, 6, 7, 8, 9}
+    b1 = digits(PAPER_HEADS["B1"])
+    assert b1.y["train"] is None and sum(len(v) for v in b1.x.values()) == 1797
+
+
+def test_early_stopping_rules():
+    stop = EarlyStopping(patience=2, min_delta=0.1)
+    assert [stop.step(s) for s in (1.0, 1.05, 1.2, 1.25, 1.29)] == [False, False, False, False,
+                                                                      True]
+    loss = EarlyStopping(patience=1, min_delta=0.01, higher_is_better=False)
+    assert [loss.step(s) for s in (1.0, 0.5, 0.495)] == [False, False, True]
+
+
+def test_info_nce_and_views():
+    z = torch.nn.functional.one_hot(torch.arange(8), 8).float()
+    assert info_nce(z, z) < 1e-3 < info_nce(z, z.roll(1, 0))
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(6, 3))
+    a, b = two_views(model.train(), torch.randn(5, 6))
+    assert a.shape == b.shape == (5, 3) and not torch.equal(a, b)
+
+
+def test_few_shot_episodes():
+    x = torch.randn(60, 4)
+    y = torch.arange(6).repeat_interleave(10)
+    task = FewShot(x, y, x, y, way=5, shot=3, query=4, episodes=2, val_episodes=3)
+    support, query = next(task.batches(torch.Generator().manual_seed(0)))
+    assert support.shape == (5, 3) and query.shape == (5, 4)
+    assert not set(support.flatten().tolist()) & set(query.flatten().tolist())
+    assert len({int(y[row[0]]) for row in support}) == 5  # five distinct classes
+    with pytest.raises(ValueError, match="5-way episodes need 5"):
+        FewShot(x[:40], y[:40], x, y, way=5, shot=3, query=4, episodes=1, val_episodes=1)
+
+
+def test_bad_data_dimensions_are_refused(tmp_path):
+    head = TINY[0]
+    wrong = EmbeddingSplits({s: torch.randn(8, 5) for s in ("train", "val")},
+                            {s: torch.zeros(8, dtype=torch.long) for s in ("train", "val")},
+                            "wrong", "wrong dims")
+    save_embeddings(tmp_path / "w.pt", wrong)
+    preset = dataclasses.replace(TINY_PRESET, heads=(head,), seeds=(0,))
+    with pytest.raises(ValueError, match="embeddings have 5 dims, the head takes 24"):
+        run_config(preset, tmp_path / "o", data_files={"A1": tmp_path / "w.pt"}, progress=False)
+
+
+def test_automatic_switch_counts_its_monitoring():
+    from bench.pipeline.protocol import run_head
+
+    head = TINY[0]
+    protocol = dataclasses.replace(TINY_PRESET.protocol, switch="auto", max_epochs=6)
+    records = run_head(head, synthetic(head, TINY_PRESET.sizes["A"]), 0, protocol)
+    glai = next(r for r in records if r["model"] == "GLAI")
+    assert 1 <= glai["reduced_epochs"] <= 6 and glai["switch"] == "auto"
+    assert len(glai["m_history"]) == glai["reduced_epochs"]
+    assert glai["t_monitor"] > 0 and glai["t_reduced"] >= glai["t_monitor"]

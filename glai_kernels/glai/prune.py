@@ -1,0 +1,171 @@
+"""Path-norm pruning (the paper's Theorem 2 and Section 3.7).
+
+Over a reference set Ω the contribution of path (o, i, s) is c(x) = x_aug[i] * act[s](x) and its
+normalised L1 norm ‖c‖₁ = (1/|Ω|) Σ_x |x_aug[i]| |act[s](x)|, the same for every output o.
+A path's score is |weight[o, i, s]| * ‖c‖₁. Theorem 2: removing a set E of paths changes the
+model by at most the sum of their scores,
+
+    Σ_o (1/|Ω|) Σ_x |φ_o(x) − φ̃_o(x)|  <=  Σ_{(o,i,s) in E} |weight[o,i,s]| ‖c_{i,s}‖₁.
+
+Two ways to keep a budget of path weights:
+  * unstructured: the top-`keep` scores, anywhere; the tensor stays dense [O, I, P] with a
+    mask (a dense kernel still does all I*P*O work);
+  * structured: whole path columns s (one selector unit, or unit tuple, with all its inputs
+    and outputs), highest total score first: a smaller dense P, no mask, less work.
+Columns left with no kept weight are dropped in both (exact: they contribute nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from glai_kernels.glai.head import GLAIHead
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """A pruned head and what was kept: `kept` of `candidates` path weights (fraction `mu`),
+    `dropped_score` = the Theorem 2 bound on the L1 change over the reference set."""
+
+    head: GLAIHead
+    kept: int
+    candidates: int
+    mu: float
+    dropped_score: float
+    structured: bool
+
+
+@torch.no_grad()
+def path_norms(head: GLAIHead, reference: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+    """‖c_{i,s}‖₁ [I, P] over the reference set (rows of `reference`, [N, n0]), in the
+    head's dtype; the selector runs in eval mode (no dropout)."""
+    if reference.dim() != 2 or reference.shape[1] != head.in_features or len(reference) == 0:
+        raise ValueError(f"reference must be a non-empty [N, {head.in_features}] tensor, got "
+                         f"{list(reference.shape)}")
+    dtype, device = head.weight.dtype, head.weight.device
+    was_training = head.selector.training
+    head.selector.eval()
+    try:
+        norms = torch.zeros(head.in_features + 1, head.paths, dtype=dtype, device=device)
+        for chunk in reference.split(batch_size):
+            chunk = chunk.to(device=device, dtype=dtype)
+            act = head.selector(chunk).abs()
+            norms += F.pad(chunk, (0, 1), value=1.0).abs().t() @ act
+    finally:
+        head.selector.train(was_training)
+    return norms / len(reference)
+
+
+@torch.no_grad()
+def path_scores(head: GLAIHead, reference: torch.Tensor) -> torch.Tensor:
+    """|weight[o,i,s]| * ‖c_{i,s}‖₁ [O, I, P]; zero where no path exists (outside the mask)."""
+    scores = head.weight.detach().abs().mul_(path_norms(head, reference))  # one new tensor
+    if head.weight_mask is not None:
+        scores.masked_fill_(~head.weight_mask, 0)
+    return scores
+
+
+def _keep_count(candidates: int, keep: int | None, mu: float | None) -> int:
+    if (keep is None) == (mu is None):
+        raise ValueError("give exactly one of keep (a count) or mu (a fraction)")
+    if mu is not None:
+        if not mu > 0:
+            raise ValueError(f"mu must be positive, got {mu}")
+        keep = int(mu * candidates)  # floor: never over the budget
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be a positive int, got {keep!r}")
+    return min(keep, candidates)  # Remark 5: a budget above the paths available keeps them all
+
+
+def _top(flat: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the `count` largest entries of a 1-D tensor, ties arbitrary.
+
+    A full topk over tens of millions of scores is slow on a CPU; when few are kept, a
+    threshold from a random sample first cuts the candidates (exact: if the cut keeps fewer
+    than `count`, the full topk runs instead).
+    """
+    total = flat.numel()
+    if total > 4_000_000 and count < total // 16:
+        gen = torch.Generator(device=flat.device).manual_seed(0)
+        sample = flat[torch.randint(0, total, (1_000_000,), generator=gen, device=flat.device)]
+        rank = sample.numel() - min(sample.numel(), 2 * int(count / total * sample.numel()) + 64)
+        threshold = sample.kthvalue(max(rank, 1)).values
+        candidates = (flat >= threshold).nonzero().flatten()
+        if candidates.numel() >= count:
+            values, picked = flat[candidates].topk(count, sorted=False)
+            return values, candidates[picked]
+    return flat.topk(count, sorted=False)
+
+
+def _subhead(head: GLAIHead, columns: torch.Tensor, mask: torch.Tensor | None) -> GLAIHead:
+    columns = columns.to(head.weight.device)
+    weight = head.weight.detach()
+    if columns.numel() != head.paths:  # index_select along the last dim is slow: skip if all
+        weight = weight.index_select(2, columns)
+        mask = None if mask is None else mask.index_select(2, columns)
+    if mask is not None and bool(mask.all()):
+        mask = None
+    bias = None if head.bias is None else head.bias.detach()
+    pruned = GLAIHead(head.selector.select(columns), weight, bias, mask, backend=head.backend)
+    return pruned.train(head.training)
+
+
+@torch.no_grad()
+def prune(
+    head: GLAIHead,
+    reference: torch.Tensor,
+    *,
+    keep: int | None = None,
+    mu: float | None = None,
+    structured: bool = False,
+) -> PruneResult:
+    """Keep the best `keep` path weights (or the fraction `mu` of those that exist, rounded
+    down) by score over `reference` [N, n0]; the head passed in is not modified.
+
+    Unstructured: exactly min(keep, existing) weights survive (ties broken arbitrarily).
+    Structured: whole columns, best total score first, each taken if it still fits the
+    budget, so at most `keep` survive. A budget >= the existing paths keeps every path
+    (the paper's Remark 5).
+    """
+    scores = path_scores(head, reference)
+    support = head.weight_mask
+    candidates = head.path_count()
+    count = _keep_count(candidates, keep, mu)
+    if structured:
+        per_column = scores.sum((0, 1), dtype=torch.float64)
+        sizes = (support.sum((0, 1)) if support is not None
+                 else torch.full_like(per_column, scores.shape[0] * scores.shape[1])).tolist()
+        chosen, room = [], count
+        for column in per_column.argsort(descending=True, stable=True).tolist():
+            if sizes[column] <= room:
+                chosen.append(column)
+                room -= int(sizes[column])
+        if not chosen:
+            raise ValueError(f"keep={count} is smaller than one whole path column "
+                             f"({int(min(sizes))} weights); use the unstructured variant")
+        columns = torch.tensor(sorted(chosen), dtype=torch.long)
+        pruned = _subhead(head, columns, support)
+        dropped = per_column.clone()
+        dropped[columns.to(per_column.device)] = 0
+        dropped_score = float(dropped.sum())
+    else:
+        # `scores` is ours: work in place (tens of millions of entries for the B heads)
+        flat = scores.view(-1)
+        structural = 0
+        if support is not None:  # never pick a structural zero, even one with score 0
+            flat.masked_fill_(~support.view(-1), -1.0)
+            structural = support.numel() - candidates
+        _, indices = _top(flat, count)
+        mask = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+        mask[indices] = True
+        mask = mask.view_as(scores)
+        flat[indices] = 0  # what is left (plus the -1 marks) is the dropped scores
+        # a float64 sum would first copy every score; torch's pairwise float32 sum is ample
+        dropped_score = float(flat.sum()) + structural
+        columns = mask.any(1).any(0).nonzero().flatten()
+        pruned = _subhead(head, columns, mask)
+    return PruneResult(pruned, pruned.path_count(), candidates, pruned.path_count() / candidates,
+                       dropped_score, structured)

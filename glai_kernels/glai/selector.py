@@ -1,0 +1,152 @@
+"""The path selector: a frozen ReLU MLP's hidden layers turned into path activations.
+
+For hidden layers 1..L with 0/1 unit gates g_l[b, j] = [pre-activation of unit j > 0], a path
+column s of the estimator names one unit per layer from its start layer on:
+
+    act[b, s] = prod_{l = start[s]}^{L} g_l[b, units[l, s]]
+
+A column that starts at layer 1 carries every input (and the constant-1 input for the first
+hidden bias); one starting at layer l >= 2 carries only the constant-1 input, i.e. the bias of
+layer l (SPEC §4.3). `units[l, s] == n_l` marks "no unit on this layer" (before the start).
+With one hidden layer and every unit kept, act is just g_1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glai_kernels.glai.mlp import MLPLayers
+
+
+def all_paths(hidden: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every path column of an MLP with hidden widths (n1, ..., nL).
+
+    Returns (units [L, P] long, start [P] long, 1-based). Columns are ordered by start layer,
+    then row-major over (j_start, ..., j_L); P = sum_{l=1}^{L} prod_{m=l}^{L} n_m.
+    """
+    depth = len(hidden)
+    units_blocks, start_blocks = [], []
+    for first in range(depth):  # 0-based start layer
+        spans = hidden[first:]
+        count = math.prod(spans)
+        index = torch.arange(count)
+        block = torch.empty(depth, count, dtype=torch.long)
+        stride = count
+        for layer in range(depth):
+            if layer < first:
+                block[layer] = hidden[layer]  # sentinel: no unit on this layer
+            else:
+                stride //= hidden[layer]
+                block[layer] = (index // stride) % hidden[layer]
+        units_blocks.append(block)
+        start_blocks.append(torch.full((count,), first + 1, dtype=torch.long))
+    return torch.cat(units_blocks, 1), torch.cat(start_blocks)
+
+
+class PathSelector(nn.Module):
+    """act [B, P] from x [B, n0] through frozen hidden layers (buffers, never trained).
+
+    Dropout rates (one per hidden layer) act on the unit gates in training mode, scaled by
+    1/(1-p): with one hidden layer this is exactly the distribution of the MLP's dropout after
+    its ReLU; with more, the pattern of deeper layers stays the frozen one (no re-routing).
+    """
+
+    def __init__(
+        self,
+        weights: list[torch.Tensor],
+        biases: list[torch.Tensor | None],
+        dropout: tuple[float, ...],
+        units: torch.Tensor,
+        start: torch.Tensor,
+    ) -> None:
+        """weights[k] [n_{k+1}, n_k] and biases[k] of hidden layer k+1 (copied, frozen);
+        units [L, P] and start [P] as in the module docstring."""
+        super().__init__()
+        depth = len(weights)
+        if depth < 1 or len(biases) != depth or len(dropout) != depth:
+            raise ValueError("PathSelector needs one weight, bias and dropout rate per hidden "
+                             "layer")
+        if units.dim() != 2 or units.shape != (depth, start.numel()):
+            raise ValueError(f"units must be [L={depth}, P] with one start layer per column, "
+                             f"got units {list(units.shape)} and start {list(start.shape)}")
+        self.widths = (weights[0].shape[1], *(w.shape[0] for w in weights))  # (n0, ..., nL)
+        self.dropout = tuple(float(p) for p in dropout)
+        for k, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
+            self.register_buffer(f"weight{k}", weight.detach().clone())
+            self.register_buffer(f"bias{k}", None if bias is None else bias.detach().clone())
+        self.register_buffer("units", units.to(torch.long).clone())
+        self.register_buffer("start", start.to(torch.long).clone())
+        self._single_full = (depth == 1 and units.shape[1] == self.widths[1]
+                             and bool((units[0].cpu() == torch.arange(self.widths[1])).all()))
+
+    @classmethod
+    def from_layers(cls, layers: MLPLayers) -> PathSelector:
+        """The selector over every path of a parsed MLP (the output layer is not needed)."""
+        hidden = layers.linears[:-1]
+        units, start = all_paths(layers.widths[1:-1])
+        return cls([lin.weight for lin in hidden], [lin.bias for lin in hidden],
+                   layers.dropout, units, start)
+
+    @property
+    def hidden_layers(self) -> int:
+        return len(self.widths) - 1
+
+    @property
+    def paths(self) -> int:
+        """P, the number of path columns."""
+        return self.units.shape[1]
+
+    def gates(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """0/1 gates [B, n_l] of every hidden layer, in x's dtype (no dropout).
+
+        The pre-activations are computed with the same F.linear calls as the MLP's forward,
+        so the pattern is the MLP's own, bit for bit.
+        """
+        out = []
+        h = x
+        for k in range(self.hidden_layers):
+            pre = F.linear(h, getattr(self, f"weight{k}"), getattr(self, f"bias{k}"))
+            out.append((pre > 0).to(x.dtype))
+            h = torch.relu(pre)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, n0] -> act [B, P], 0/1 (or dropout-scaled in training mode)."""
+        if x.dim() != 2 or x.shape[1] != self.widths[0]:
+            raise ValueError(f"x must be [B, {self.widths[0]}], got {list(x.shape)}")
+        gates = self.gates(x)
+        if self.training:
+            gates = [F.dropout(g, p, training=True) if p > 0 else g
+                     for g, p in zip(gates, self.dropout, strict=True)]
+        if self._single_full:
+            return gates[0]
+        act = None
+        for layer, gate in enumerate(gates):
+            # one extra column of ones stands for "no unit on this layer"
+            column = F.pad(gate, (0, 1), value=1.0).index_select(1, self.units[layer])
+            act = column if act is None else act * column
+        return act
+
+    def select(self, columns: torch.Tensor) -> PathSelector:
+        """A selector with only these path columns, in this order (same frozen layers)."""
+        columns = columns.to(self.units.device)
+        depth = self.hidden_layers
+        new = PathSelector([getattr(self, f"weight{k}") for k in range(depth)],
+                           [getattr(self, f"bias{k}") for k in range(depth)],
+                           self.dropout, self.units[:, columns], self.start[columns])
+        return new.train(self.training)
+
+    def input_support(self) -> torch.Tensor:
+        """[I, P] bool: which (input, column) pairs are paths at all. I = n0 + 1; a column
+        starting at layer >= 2 is a bias path and carries only the constant input (last)."""
+        n0 = self.widths[0]
+        support = (self.start == 1).unsqueeze(0).expand(n0 + 1, -1).clone()
+        support[n0] = True
+        return support
+
+    def extra_repr(self) -> str:
+        return f"widths={self.widths}, paths={self.paths}, dropout={self.dropout}"
