@@ -14,6 +14,7 @@ A shape that belongs to several sweeps is measured once and reported under each.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -112,17 +113,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _warm(fn: Callable[[], object], device: torch.device, warm_s: float = 0.1) -> float:
+def _warm(fn: Callable[[], object], device: torch.device,
+          warm_s: float = 0.1) -> tuple[float, float]:
     """Warm-up calls (at least three, and about `warm_s` in all, so that one-off costs such as
-    first-touch page faults and allocator growth are behind us); the fastest call's time."""
-    calls, best, start = 0, math.inf, time.perf_counter()
-    while calls < 3 or (time.perf_counter() - start < warm_s and calls < 1000):
+    first-touch page faults and allocator growth are behind us).
+
+    Returns (fastest, median) call time: the fastest says whether the backend is too slow
+    to time at all, the median sizes the timing blocks.
+    """
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < warm_s and len(times) < 1000):
         t = time.perf_counter()
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - t)
-        calls += 1
-    return best
+        times.append(time.perf_counter() - t)
+    return min(times), statistics.median(times[1:])
 
 
 def _skip(note: str) -> Measurement:
@@ -194,9 +200,9 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str,
                 m["error_ratio"] = oracle.error_ratio(first, tf32)
                 m["correct"] = m["error_ratio"] <= 1.0
                 del first
-                warm = _warm(fn, device)
-                if warm > SLOW_FACTOR * preset.max_call_s:
-                    m.update(_skip(f"one warm call took {warm:.3g} s, more than "
+                fastest, warm = _warm(fn, device)
+                if fastest > SLOW_FACTOR * preset.max_call_s:
+                    m.update(_skip(f"one warm call took {fastest:.3g} s, more than "
                                    f"{SLOW_FACTOR:g}x the {preset.name} preset's limit"))
                     continue
                 m["peak_mem_bytes"] = memory.peak_bytes(fn, device)

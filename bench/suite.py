@@ -68,7 +68,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
     log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
         f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
-    ceilings = ceilings_mod.measure(dev, run_dtypes)
+    ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
     meter = EnergyMeter(dev)
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log)
     rows = run_cases(ctx, cases, progress=progress)

@@ -68,7 +68,8 @@ class Preset:
 
     `min_time_s`: timed seconds per measurement (at least `rounds` samples);
     `max_call_s`: a case whose roofline floor (the fastest any backend could be, from this
-    run's ceilings) or whose measured warm-up call exceeds this is skipped with a note.
+    run's ceilings) exceeds this, or a backend whose fastest warm-up call exceeds three
+    times this, is skipped with a note. `ceiling_time_s`: seconds per ceiling measurement.
     """
 
     name: str
@@ -79,6 +80,7 @@ class Preset:
     min_time_s: float = 0.3
     rounds: int = 5
     max_call_s: float = 2.0
+    ceiling_time_s: float = 0.3
 
 
 @dataclass(frozen=True)
