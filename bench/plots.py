@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -119,6 +120,15 @@ def _speedup_norm(values: pd.Series):
     return LogNorm(vmin=1 / span, vmax=span)
 
 
+def _speedup_colorbar(fig, im, axes) -> None:
+    bar = fig.colorbar(im, ax=axes, label="speedup over einsum (same run)")
+    lo, hi = im.norm.vmin, im.norm.vmax
+    ticks = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)
+             if lo * (1 - 1e-6) <= 2.0**k <= hi * (1 + 1e-6)]
+    bar.set_ticks(ticks, labels=[f"{t:g}×" for t in ticks])
+    bar.ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
 def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     pass_, dtype = _focus(df)
     sub = _ok(df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
@@ -127,8 +137,8 @@ def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         return None
     backends = list(dict.fromkeys(sub["backend"]))
     norm = _speedup_norm(sub["speedup_vs_einsum"])
-    fig, axes = plt.subplots(1, len(backends), figsize=(4.2 * len(backends) + 1, 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(backends), figsize=(max(8, 4.2 * len(backends) + 1), 4.5),
+                             squeeze=False, layout="constrained")
     im = None
     for ax, backend in zip(axes[0], backends, strict=True):
         grid = (df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
@@ -136,10 +146,10 @@ def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
                 .pivot_table(index="head", columns="batch", values="speedup_vs_einsum",
                              aggfunc="first", dropna=False))
         im = _heatmap(ax, grid, backend, "batch B", "head", norm)
-    fig.colorbar(im, ax=axes[0].tolist(), label="speedup over einsum (same run)")
+    _speedup_colorbar(fig, im, axes[0].tolist())
     fig.suptitle(f"Speedup over the einsum oracle, paper heads, {pass_} pass, {dtype} "
                  f"(– = not measured)\n{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -152,9 +162,9 @@ def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     if _ok(sub).empty:
         return None
     norm = _speedup_norm(_ok(sub)["speedup_vs_einsum"])
-    fig, axes = plt.subplots(len(sweeps), 1, figsize=(8, 1.0 + 1.4 * len(sweeps)
-                                                      * max(1, sub["backend"].nunique() / 2)),
-                             squeeze=False)
+    height = 1.5 + len(sweeps) * (0.6 + 0.45 * sub["backend"].nunique())
+    fig, axes = plt.subplots(len(sweeps), 1, figsize=(9, height), squeeze=False,
+                             layout="constrained")
     im = None
     axis_of = {"batch": "batch", "inputs": "inputs", "paths": "paths", "outputs": "outputs"}
     for ax, sweep in zip(axes[:, 0], sweeps, strict=True):
@@ -163,10 +173,10 @@ def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         grid = s.pivot_table(index="backend", columns=axis, values="speedup_vs_einsum",
                              aggfunc="first", dropna=False)
         im = _heatmap(ax, grid, sweep, axis, "", norm)
-    fig.colorbar(im, ax=axes[:, 0].tolist(), label="speedup over einsum (same run)")
+    _speedup_colorbar(fig, im, axes[:, 0].tolist())
     fig.suptitle(f"Speedup over einsum along each one-axis sweep, {pass_} pass, {dtype}\n"
                  f"{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -187,7 +197,8 @@ def time_vs_batch(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     colors = _colors(list(dict.fromkeys(df["backend"])))
     cols = min(3, len(heads))
     rows = math.ceil(len(heads) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(9, 4.5 * cols), 3.6 * rows + 0.6),
+                             squeeze=False, layout="constrained")
     for ax, head in zip(axes.flat, heads, strict=False):
         h = sub[sub["head"] == head]
         for (backend, p), g in h.groupby(["backend", "pass"], sort=False):
@@ -197,13 +208,15 @@ def time_vs_batch(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
                         color=colors[backend], ls="-" if p == pass_ else "--", marker="o", ms=3,
                         label=f"{backend} {p}")
         ax.set(xscale="log", yscale="log", title=head, xlabel="batch B", ylabel="ms per call")
+        batches = sorted(h["batch"].unique())
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(heads):]:
         ax.axis("off")
     fig.suptitle(f"Time per call against batch (median, IQR bars), {dtype}; solid = {pass_}, "
                  f"dashed = forward\n{_subtitle(meta)}", fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -229,8 +242,9 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     backends = list(dict.fromkeys(merged["backend"]))
     colors = _colors(list(dict.fromkeys(df["backend"])))
     heads_order = list(dict.fromkeys(merged["head"]))
-    fig, axes = plt.subplots(1, len(heads_order), figsize=(2.6 * len(heads_order) + 1, 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(heads_order), figsize=(max(9, 2.6 * len(heads_order) + 1),
+                                                           4.5),
+                             squeeze=False, layout="constrained")
     for ax, head in zip(axes[0], heads_order, strict=True):
         h = merged[merged["head"] == head].set_index("backend").reindex(backends)
         x = np.arange(len(backends))
@@ -244,7 +258,6 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Forward (light) and backward (dark, all three gradients) time, {dtype}; "
                  f"bar = both measured in one call\n{_subtitle(meta)}", fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

@@ -92,6 +92,14 @@ def machine_label(device: torch.device) -> str:
     return f"cpu-{os.cpu_count()}core"
 
 
+def load_average() -> float:
+    """The 1-minute load average (runnable processes), -1 where unknown."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return -1.0
+
+
 def collect(device: torch.device) -> dict[str, object]:
     """Every provenance field for a run on `device`."""
     info: dict[str, object] = {
@@ -104,6 +112,7 @@ def collect(device: torch.device) -> dict[str, object]:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "load_average": load_average(),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "torch_version": torch.__version__,

@@ -65,6 +65,10 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     cases = cases_for(preset, dtypes, passes)
     names, unavailable = select_backends(backends, dev, log)
     info = provenance.collect(dev)
+    if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
+        log(f"note: load average {info['load_average']} on {info['cpu_count']} cores: other "
+            f"work shares this CPU, so timings will be noisy (ratios less so; --threads 1 "
+            f"suffers least from it)")
     run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
     log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
         f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
@@ -72,6 +76,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     meter = EnergyMeter(dev)
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log)
     rows = run_cases(ctx, cases, progress=progress)
+    log("measuring the ceilings again")
+    ceilings = ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
+    info["load_average_end"] = provenance.load_average()
     table = results.table(rows, ceilings, info)
     meta = {
         "provenance": info,
