@@ -28,7 +28,7 @@ MEASURE_COLUMNS: tuple[str, ...] = (
     "status", "correct", "winner", "median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples",
     "calls", "first_call_s", "flops", "bytes", "gflops", "gbps", "intensity", "floor_s",
     "roofline_pct", "bound", "speedup_vs_einsum", "speedup_best", "error_ratio", "peak_mem_bytes",
-    "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "note",
+    "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note",
 )
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + MEASURE_COLUMNS + ROW_FIELDS
 # one measurement, whichever sweeps report it

@@ -5,8 +5,8 @@ For each distinct (shape, dtype) of the preset, in order:
    inputs + float64 oracle that do not fit in free memory, a backend whose estimated
    memory does not fit or that does not take the dtype (each a `skipped` row with a note);
 2. per pass and backend: a first call whose outputs are checked against the float64 oracle
-   (`correct`, `error_ratio`), warm-up calls (which also size the timing blocks), one call
-   under the memory meter;
+   (`correct`, `error_ratio`), a second call (too slow to time: skipped), warm-up calls
+   (which also size the timing blocks), one call under the memory meter;
 3. time all backends of the pass together (`bench.timing`), then the energy (NVIDIA only).
 A shape that belongs to several sweeps is measured once and reported under each.
 """
@@ -26,7 +26,7 @@ from bench import memory
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import CHUNK_BYTES, Oracle, tf32_enabled
-from bench.passes import PASSES, Tensors, dtype_of, make_call
+from bench.passes import PASSES, PassSpec, Tensors, dtype_of, make_call
 from bench.sweeps import Case, Preset, expand
 from bench.timing import Timing, time_cuda, time_interleaved
 from glai_kernels import registry
@@ -114,12 +114,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _warm(fn: Callable[[], object], device: torch.device,
-          warm_s: float = 0.1) -> tuple[float, float]:
+          warm_s: float = 0.05) -> tuple[float, float]:
     """Warm-up calls (at least three, and about `warm_s` in all, so that one-off costs such as
     first-touch page faults and allocator growth are behind us).
 
-    Returns (fastest, median) call time: the fastest says whether the backend is too slow
-    to time at all, the median sizes the timing blocks.
+    Returns (fastest, median) call time; the median sizes the timing blocks.
     """
     times: list[float] = []
     start = time.perf_counter()
@@ -189,40 +188,63 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str,
                 out[(p, b)] = _skip(f"needs about {_gib(need)}, more than "
                                     f"{_gib(budget - oracle_need)} free")
                 continue
+            out[(p, b)] = m = {"est_mem_bytes": need}
+            started = time.perf_counter()
             try:
-                out[(p, b)] = m = {"est_mem_bytes": need}
-                fn = make_call(b, spec, sets)
-                check = fn if len(sets) == 1 else make_call(b, spec, sets[:1])
-                start = time.perf_counter()
-                first = check()
-                _sync(device)
-                m["first_call_s"] = time.perf_counter() - start
-                m["error_ratio"] = oracle.error_ratio(first, tf32)
-                m["correct"] = m["error_ratio"] <= 1.0
-                del first
-                fastest, warm = _warm(fn, device)
-                if fastest > SLOW_FACTOR * preset.max_call_s:
-                    m.update(_skip(f"one warm call took {fastest:.3g} s, more than "
-                                   f"{SLOW_FACTOR:g}x the {preset.name} preset's limit"))
-                    continue
-                m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
+                prepared = _prepare(ctx, b, spec, sets, oracle, tf32, m)
             except Exception as e:  # a backend failing one case must not end the run
                 m.update(status="error", note=f"{type(e).__name__}: {e}".splitlines()[0])
                 ctx.log(f"{b} {p} {shape} {dtype_name} failed:\n{traceback.format_exc()}")
-                continue
-            ready[b], warm_s[b] = fn, warm
+                prepared = None
+            m["measure_s"] = time.perf_counter() - started
+            if prepared is not None:
+                ready[b], warm_s[b] = prepared
 
         timings = _time(ready, warm_s, device, preset)
         for b, timing in timings.items():
             m = out[(p, b)]
             m.update(status="ok" if m["correct"] else "wrong", **_timing_fields(timing))
+            m["measure_s"] += timing.total_s
             if not m["correct"]:
                 m["note"] = f"differs from the float64 oracle ({m['error_ratio']:.3g}x tolerance)"
             if ctx.meter is not None and ctx.meter.available:
-                energy = ctx.meter.measure(ready[b], timing.median_s)
-                m.update(energy_j=energy.joules_per_call, power_w=energy.watts,
-                         energy_window_s=energy.window_s)
+                try:
+                    energy = ctx.meter.measure(ready[b], timing.median_s)
+                except Exception as e:  # NVML can fail mid-run; the timing still stands
+                    m["note"] = f"energy not measured: {type(e).__name__}: {e}"
+                else:
+                    m.update(energy_j=energy.joules_per_call, power_w=energy.watts,
+                             energy_window_s=energy.window_s)
     return out
+
+
+def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], oracle: Oracle,
+             tf32: bool, m: Measurement) -> tuple[Callable[[], object], float] | None:
+    """Check, warm up and measure the memory of one backend's call; (fn, median warm call
+    time) to time, or None when it is too slow to time (m then says so)."""
+    device, preset = ctx.device, ctx.preset
+    fn = make_call(backend, spec, sets)
+    check = fn if len(sets) == 1 else make_call(backend, spec, sets[:1])
+    start = time.perf_counter()
+    first = check()
+    _sync(device)
+    m["first_call_s"] = time.perf_counter() - start
+    # the first call may have compiled; the second says whether timing is affordable,
+    # before the float64 oracle (the dearest part of a large case) is computed
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    second = time.perf_counter() - start
+    if second > SLOW_FACTOR * preset.max_call_s:
+        m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x the "
+                       f"{preset.name} preset's limit of {preset.max_call_s} s"))
+        return None
+    m["error_ratio"] = oracle.error_ratio(first, tf32)
+    m["correct"] = m["error_ratio"] <= 1.0
+    del first
+    _, warm = _warm(fn, device)
+    m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
+    return fn, warm
 
 
 def _time(ready: dict[str, Callable[[], object]], warm_s: dict[str, float],

@@ -126,16 +126,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     ),
     Preset(
         name="default",
-        description="the six heads at B in {16, 32, 256, 4096} (float32 and bfloat16) and "
-                    "one-axis sweeps of B, I, P, O around A1 at B = 256 (float32); all passes",
+        description="the six heads at B in {16, 32, 256, 4096} (float32 and bfloat16, all "
+                    "passes) and one-axis sweeps of B, I, P, O around A1 at B = 256 "
+                    "(float32; forward and forward+backward)",
         sweeps=(
             Sweep("heads", tuple(PAPER_HEADS), "batch", PAPER_BATCHES),
-            *_axis_sweeps("A1", 256, _A1_AXES, dtypes=("float32",)),
+            *_axis_sweeps("A1", 256, _A1_AXES, dtypes=("float32",),
+                          passes=("forward", "both")),
         ),
         dtypes=("float32", "bfloat16"),
         min_time_s=0.2,
         rounds=5,
-        max_call_s=1.0,
+        max_call_s=0.5,
     ),
     Preset(
         name="full",

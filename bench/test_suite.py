@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import types
 
 import matplotlib.image
@@ -17,6 +18,7 @@ import torch
 from bench import __main__ as cli
 from bench import ceilings, memory, plots, provenance, results, runner, suite, timing
 from bench.ceilings import Ceilings
+from bench.energy import EnergyMeter
 from bench.oracle import Oracle
 from bench.passes import PASSES, make_call
 from bench.sweeps import PAPER_BATCHES, PRESETS, Preset, Sweep, expand
@@ -135,6 +137,27 @@ def test_a_case_beyond_the_presets_time_limit_is_skipped():
     assert all("roofline floor" in m["note"] for m in out.values())
 
 
+def test_a_backend_too_slow_to_time_is_skipped_after_two_calls():
+    calls = []
+
+    def sleepy(x, act, weight):
+        calls.append(1)
+        time.sleep(0.05)
+        return listing1_forward(x, act, weight)
+
+    registry.register(registry.Backend("sleepy", sleepy, listing1_backward, ("cpu",), "slow"))
+    try:
+        preset = Preset("strict", "", (), ("float32",), max_call_s=0.01)
+        out = runner.measure_shape(_ctx(["einsum", "sleepy"], preset=preset), Shape(2, 3, 4, 5),
+                                   "float32", ["forward"])
+    finally:
+        registry.unregister("sleepy")
+    assert out[("forward", "sleepy")]["status"] == "skipped"
+    assert "a call took" in out[("forward", "sleepy")]["note"]
+    assert len(calls) == 2
+    assert out[("forward", "einsum")]["status"] == "ok"
+
+
 def test_estimates_name_the_big_intermediates():
     s = Shape(256, 385, 128, 37)
     both = PASSES["both"]
@@ -197,6 +220,31 @@ def test_chunked_oracle_equals_whole_and_judges():
     assert chunked.error_ratio(good) <= 1.0
     bad = dict(good, dweight=good["dweight"] * 1.01)
     assert chunked.error_ratio(bad) > 1.0
+
+
+def test_energy_is_absent_on_the_cpu():
+    meter = EnergyMeter(CPU)
+    assert not meter.available and "cpu" in meter.reason
+    assert meter.measure(lambda: None, 1e-3) is None
+
+
+def test_energy_arithmetic_against_a_fake_nvml(monkeypatch):
+    """NVML counts millijoules; a constant 250 W must read back as 250 W and
+    250 W x window / calls joules per call, over at least the minimum window."""
+    start = time.perf_counter()
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i),
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: int(250e3 * (time.perf_counter() - start)),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    meter = EnergyMeter(torch.device("cuda", 0))
+    assert meter.available, meter.reason
+    energy = meter.measure(lambda: time.sleep(0.002), per_call_s=0.002, min_window_s=0.2)
+    assert energy.window_s >= 0.2 and energy.calls >= 10
+    assert energy.watts == pytest.approx(250, rel=0.05)
+    assert energy.joules_per_call == pytest.approx(250 * energy.window_s / energy.calls, rel=0.05)
 
 
 # ---------------------------------------------------------------- a whole run

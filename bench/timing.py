@@ -14,6 +14,7 @@ triton, the same done here with CUDA events.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
@@ -35,6 +36,7 @@ class Timing:
     min_s: float
     samples: int
     calls: int
+    total_s: float = 0.0  # wall time spent timing, warm-ups included
 
     @property
     def iqr_s(self) -> float:
@@ -92,14 +94,18 @@ def time_interleaved(fns: dict[str, Callable[[], object]], per_call_s: dict[str,
               for name, fn in fns.items()}
     number = {name: block_size(per_call_s[name], min_time_s, rounds) for name in fns}
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    spent = dict.fromkeys(fns, 0.0)
     order = list(fns)
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:
+            start = time.perf_counter()
             if number[name] == 1 and per_call_s[name] >= SINGLE_CALL_S:
                 samples[name].append(_one_call(fns[name]))
             else:
                 samples[name].append(timers[name].timeit(number[name]).median)
-    return {name: Timing.of(samples[name], number[name] * rounds) for name in fns}
+            spent[name] += time.perf_counter() - start
+    return {name: dataclasses.replace(Timing.of(samples[name], number[name] * rounds),
+                                      total_s=spent[name]) for name in fns}
 
 
 def _flush_buffer(device: torch.device) -> torch.Tensor:
@@ -116,9 +122,11 @@ def time_cuda(fn: Callable[[], object], device: torch.device, min_time_s: float,
         from triton.testing import do_bench
     except ImportError:
         do_bench = None
+    start = time.perf_counter()
     if do_bench is not None:
         times_ms = do_bench(fn, warmup=25, rep=rep_ms, return_mode="all")
-        return Timing.of([t / 1e3 for t in times_ms], len(times_ms))
+        return dataclasses.replace(Timing.of([t / 1e3 for t in times_ms], len(times_ms)),
+                                   total_s=time.perf_counter() - start)
     flush = _flush_buffer(device)
     n = max(5, min(10_000, round(rep_ms / 1000 / max(per_call_s, 1e-6))))
     for _ in range(3):
@@ -132,4 +140,4 @@ def time_cuda(fn: Callable[[], object], device: torch.device, min_time_s: float,
         e.record()
     torch.cuda.synchronize(device)
     times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
-    return Timing.of(times, n)
+    return dataclasses.replace(Timing.of(times, n), total_s=time.perf_counter() - start)
