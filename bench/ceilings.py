@@ -45,6 +45,7 @@ class Ceilings:
     cache_copy_bytes_per_s: float = math.nan
     cache_bytes: int = 0
     details: dict[str, str] = field(default_factory=dict)
+    matmul_sizes: dict[str, int] = field(default_factory=dict)
 
     def bandwidth(self, nbytes: int) -> tuple[float, str]:
         """(bytes/s, "cache" or "memory"): the cache's when `nbytes` fits in half of it
@@ -76,7 +77,9 @@ class Ceilings:
             max(self.cache_copy_bytes_per_s, other.cache_copy_bytes_per_s)
             if self.cache_bytes else self.cache_copy_bytes_per_s,
             self.cache_bytes,
-            {**self.details, "measured": "at the start and the end of the run; the higher"},
+            {**self.details, "measured": "the fastest call seen: at the start, briefly between "
+                                         "cases (CPU), and at the end of the run"},
+            {**other.matmul_sizes, **self.matmul_sizes},
         )
 
 
@@ -147,15 +150,15 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None,
 
 def measure(device: torch.device, dtypes: tuple[str, ...], min_time_s: float = 0.3) -> Ceilings:
     """Ceilings for every dtype of the run on `device`."""
-    flops, details = {}, {}
+    flops, details, sizes = {}, {}, {}
     for name in dtypes:
         peak, n = matmul_peak(dtype_of(name), device, min_time_s)
-        flops[name] = peak
+        flops[name], sizes[name] = peak, n
         details[f"matmul_{name}"] = f"{n}x{n} @ {n}x{n}, fastest call"
     nbytes = CUDA_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
     bandwidth = copy_bandwidth(device, nbytes, min_time_s)
     details["copy"] = f"copy_ of {nbytes // 2**20} MiB float32, read + write bytes"
-    ceilings = Ceilings(flops, bandwidth, details=details)
+    ceilings = Ceilings(flops, bandwidth, details=details, matmul_sizes=sizes)
     llc = last_level_cache_bytes() if device.type == "cpu" else 0
     if llc:
         # source and destination together fill half the cache
@@ -164,3 +167,18 @@ def measure(device: torch.device, dtypes: tuple[str, ...], min_time_s: float = 0
         details["cache_copy"] = (f"copy_ of {llc // 4 // 2**10} KiB float32 (last-level cache "
                                  f"{llc // 2**20} MiB), read + write bytes")
     return ceilings
+
+
+def refresh(ceilings: Ceilings, device: torch.device, min_time_s: float = 0.03) -> Ceilings:
+    """A brief re-measurement (at the matmul sizes found before) kept where it is higher.
+
+    On a shared CPU a ceiling measured once may land in someone else's busy moment;
+    sampling again between cases catches the machine's quiet ones.
+    """
+    flops = {name: matmul_peak(dtype_of(name), device, min_time_s,
+                               sizes=(ceilings.matmul_sizes.get(name, 1024),))[0]
+             for name in ceilings.matmul_flops}
+    copy = copy_bandwidth(device, None, min_time_s)
+    cache = (copy_bandwidth(device, ceilings.cache_bytes // 4, min_time_s)
+             if ceilings.cache_bytes else math.nan)
+    return ceilings.best_of(Ceilings(flops, copy, cache, ceilings.cache_bytes))

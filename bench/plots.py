@@ -253,6 +253,9 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         ax.bar(x, bwd, bottom=fwd, color=[colors[b] for b in backends], label="backward")
         ax.scatter(x, 1e3 * h["median_s"], color="black", marker="_", s=200, zorder=3,
                    label="both, measured")
+        for xi, missing in zip(x, (fwd.isna() | bwd.isna()).to_numpy(), strict=True):
+            if missing:
+                ax.text(xi, 0, "not\nmeasured", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(x, backends, rotation=45, ha="right")
         ax.set(title=f"{head}, B={batch[head]}", ylabel="ms per call")
     axes[0][0].legend(fontsize=7)

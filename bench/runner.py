@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench import ceilings as ceilings_mod
 from bench import memory
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
@@ -283,6 +284,8 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
                                  "device": ctx.device.type, **measured[(p, b)]})
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
+        else:
+            ctx.ceilings = ceilings_mod.refresh(ctx.ceilings, ctx.device)
     return rows
 
 

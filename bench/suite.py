@@ -77,7 +77,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log)
     rows = run_cases(ctx, cases, progress=progress)
     log("measuring the ceilings again")
-    ceilings = ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
+    ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
     info["load_average_end"] = provenance.load_average()
     table = results.table(rows, ceilings, info)
     meta = {
