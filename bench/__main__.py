@@ -44,6 +44,14 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {', '.join(DTYPES)} (default: the preset's)")
     p.add_argument("--passes", type=_names, default=None,
                    help=f"comma-separated, of {', '.join(ALL_PASSES)} (default: the preset's)")
+    p.add_argument("--heads", type=_names, default=None,
+                   help="comma-separated paper heads (A1..C2) to keep (default: all)")
+    p.add_argument("--batches", type=lambda t: [int(b) for b in _names(t)], default=None,
+                   help="comma-separated batch sizes to keep (default: the preset's)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timing rounds per measurement (default: the preset's)")
+    p.add_argument("--min-time", type=float, default=None,
+                   help="timed seconds per measurement (default: the preset's)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.add_argument("--out", type=Path, default=None,
@@ -67,6 +75,7 @@ def run_pipeline(preset: str, out_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     if args.suite in ("kernels", "all"):
         # Triton's CPU interpreter is for the correctness suite; timing it means nothing.
@@ -79,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or ROOT / "reports" / "bench" / device.type
             started = time.perf_counter()
             output = suite.run(args.preset, device=args.device, backends=args.backends,
-                               dtypes=args.dtypes, passes=args.passes, out_dir=out,
+                               dtypes=args.dtypes, passes=args.passes, heads=args.heads,
+                               batches=args.batches, rounds=args.rounds,
+                               min_time_s=args.min_time, out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
-                               threads=args.threads)
+                               threads=args.threads,
+                               command=" ".join(["python -m bench", *argv]))
         except ValueError as e:
             print(f"python -m bench: {e}", file=sys.stderr)
             return 2

@@ -8,6 +8,7 @@ Writes into `out_dir`: results.csv, results.json, summary.md and plots/*.png.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,17 +53,27 @@ def get_preset(name: str) -> Preset:
 
 def run(preset: str | Preset = "default", *, device: str | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
-        passes: Sequence[str] | None = None, out_dir: Path | None = None,
+        passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
+        batches: Sequence[int] | None = None, rounds: int | None = None,
+        min_time_s: float | None = None, out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
-        threads: int | None = None, log: Callable[[str], None] = print) -> RunOutput:
-    """Run the kernel suite; write its files to `out_dir` when given. `threads` sets
-    torch's CPU threads for the run (default: torch's own choice, all cores)."""
+        threads: int | None = None, command: str | None = None,
+        log: Callable[[str], None] = print) -> RunOutput:
+    """Run the kernel suite; write its files to `out_dir` when given.
+
+    `heads`/`batches` keep only those cases of the preset; `rounds`/`min_time_s` override
+    its timing; `threads` sets torch's CPU threads (default: torch's choice, all cores).
+    """
     started = time.perf_counter()
     if threads is not None:
         torch.set_num_threads(threads)
     preset = get_preset(preset) if isinstance(preset, str) else preset
+    if rounds is not None:
+        preset = dataclasses.replace(preset, rounds=rounds)
+    if min_time_s is not None:
+        preset = dataclasses.replace(preset, min_time_s=min_time_s)
     dev = resolve_device(device)
-    cases = cases_for(preset, dtypes, passes)
+    cases = cases_for(preset, dtypes, passes, heads, batches)
     names, unavailable = select_backends(backends, dev, log)
     info = provenance.collect(dev)
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
@@ -81,6 +92,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     info["load_average_end"] = provenance.load_average()
     table = results.table(rows, ceilings, info)
     meta = {
+        "command": command or f"python -m bench --preset {preset.name}",
         "provenance": info,
         "preset": {"name": preset.name, "description": preset.description,
                    "min_time_s": preset.min_time_s, "rounds": preset.rounds,

@@ -19,7 +19,7 @@ FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 
 def _cell(row: pd.Series) -> str:
     speedup = row["speedup_vs_einsum"]
-    s = f" {speedup:.2f}×" if pd.notna(speedup) else ""
+    s = f" {speedup:.2f}×" if pd.notna(speedup) else " (einsum not measured)"
     roof = row["roofline_pct"]
     r = f", {roof:.0f}% roof" if pd.notna(roof) else ""
     return f"**{row['backend']}**{s}{r}"
@@ -88,10 +88,11 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     lines = [
         f"# Kernel benchmarks on {p['machine']}",
         "",
-        f"`python -m bench --preset {preset['name']}` on {p['device_name']} "
-        f"({p['threads']} threads), commit `{p['commit']}`, {p['date']}; "
-        f"{meta['elapsed_s']:.0f} s. Regenerate with the same command (`nox -s bench -- "
-        f"--preset {preset['name']}`).",
+        f"`{meta.get('command', 'python -m bench --preset ' + preset['name'])}` on "
+        f"{p['device_name']} ({p['threads']} threads), commit `{p['commit']}`, {p['date']}; "
+        f"{meta['elapsed_s']:.0f} s, load average {p.get('load_average', '?')} at the start "
+        f"and {p.get('load_average_end', '?')} at the end. Regenerate with the same command "
+        f"(or `nox -s bench -- ARGS`). Preset: {preset['description']}.",
         "",
         "Every number is a median over interleaved rounds with its interquartile range in "
         "results.csv; speedups are ratios to the einsum oracle timed in the same run, and "

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench import __main__ as cli
-from bench import ceilings, memory, plots, provenance, results, runner, suite, timing
+from bench import ceilings, memory, plots, provenance, render, results, runner, suite, timing
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import Oracle
@@ -87,6 +87,12 @@ def test_overrides_and_bad_names():
         runner.cases_for(PRESETS["quick"], None, ["sideways"])
     with pytest.raises(ValueError, match="unknown dtype"):
         runner.cases_for(PRESETS["quick"], ["float8"], None)
+    kept = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], passes=["both"])
+    assert kept and all(c.head == "A1" and c.shape.batch == 256 for c in kept)
+    with pytest.raises(ValueError, match="unknown head"):
+        runner.cases_for(PRESETS["quick"], heads=["Z9"])
+    with pytest.raises(ValueError, match="no case"):
+        runner.cases_for(PRESETS["quick"], batches=[3])
 
 
 def test_pass_costs_come_from_the_contract():
@@ -299,6 +305,16 @@ def test_every_chart_is_written_and_not_blank(tiny_run):
         assert image.shape[0] > 200 and image.shape[1] > 200
         # a chart with content has many pixels away from the background
         assert (np.abs(image[..., :3] - image[0, 0, :3]).sum(-1) > 0.1).mean() > 0.02
+
+
+def test_render_redraws_from_the_files_alone(tiny_run):
+    _, out_dir = tiny_run
+    for path in (out_dir / "plots").glob("*.png"):
+        path.unlink()
+    (out_dir / "summary.md").unlink()
+    written = render.render(out_dir)
+    assert {p.name for p in written} == {*plots.CHARTS, "summary.md"}
+    assert "## Winning backend per paper head" in (out_dir / "summary.md").read_text()
 
 
 def test_provenance_fields():
