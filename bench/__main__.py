@@ -3,6 +3,7 @@
     python -m bench                                  # default preset, CUDA if present
     python -m bench --preset quick --backends torch,compile --dtypes float32
     python -m bench --suite kernels --device cpu --out /tmp/bench
+    python -m bench --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
 
 The kernel suite writes results.csv, results.json, summary.md and plots/ into --out
 (default reports/bench/<device>). The pipeline suite (bench/pipeline, when present) writes
@@ -48,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated paper heads (A1..C2) to keep (default: all)")
     p.add_argument("--batches", type=lambda t: [int(b) for b in _names(t)], default=None,
                    help="comma-separated batch sizes to keep (default: the preset's)")
+    p.add_argument("--sweeps", type=_names, default=None,
+                   help="comma-separated sweep names to keep, e.g. heads or batch@A1 "
+                        "(default: all of the preset's)")
     p.add_argument("--rounds", type=int, default=None,
                    help="timing rounds per measurement (default: the preset's)")
     p.add_argument("--min-time", type=float, default=None,
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             output = suite.run(args.preset, device=args.device, backends=args.backends,
                                dtypes=args.dtypes, passes=args.passes, heads=args.heads,
-                               batches=args.batches, rounds=args.rounds,
+                               batches=args.batches, sweeps=args.sweeps,
+                               rounds=args.rounds,
                                min_time_s=args.min_time, out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
                                threads=args.threads,

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -61,7 +62,8 @@ def roofline(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     colors = _colors(list(dict.fromkeys(df["backend"])))
     ceil = meta["ceilings"]
     bw = ceil["copy_bytes_per_s"] / 1e9
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes) + 1.5, 5),
+                             squeeze=False, layout="constrained")
     for ax, dtype in zip(axes[0], dtypes, strict=True):
         sub = timed[timed["dtype"] == dtype]
         peak = ceil["matmul_flops"].get(dtype, math.nan) / 1e9
@@ -84,18 +86,18 @@ def roofline(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte)",
                ylabel="achieved GFLOP/s", title=f"{dtype}")
         ax.grid(True, which="both", alpha=0.3)
-        handles = list(ax.get_legend_handles_labels()[0])
-        handles += [plt.Line2D([], [], color=colors[b], marker="o", ls="", label=b)
-                    for b in dict.fromkeys(sub["backend"])]
-        handles += [plt.Line2D([], [], color="gray", marker=MARKERS.get(p, "o"), ls="", label=p)
-                    for p in dict.fromkeys(sub["pass"])]
-        if (sub["status"] == "wrong").any():
-            handles.append(plt.Line2D([], [], marker="o", ls="", markerfacecolor="none",
-                                      markeredgecolor="red", label="wrong result"))
-        ax.legend(handles=handles, fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="lower right")  # the ceiling lines
+    # backends and passes once, beside the panels, where they hide no point
+    markers = [plt.Line2D([], [], color=colors[b], marker="o", ls="", label=b)
+               for b in dict.fromkeys(timed["backend"])]
+    markers += [plt.Line2D([], [], color="gray", marker=MARKERS.get(p, "o"), ls="", label=p)
+                for p in dict.fromkeys(timed["pass"])]
+    if (timed["status"] == "wrong").any():
+        markers.append(plt.Line2D([], [], marker="o", ls="", markerfacecolor="none",
+                                  markeredgecolor="red", label="wrong result"))
+    fig.legend(handles=markers, fontsize=8, loc="outside right center")
     fig.suptitle(f"Roofline: every measurement under this run's ceilings\n{_subtitle(meta)}",
                  fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -236,10 +238,12 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     merged = merged.merge(both[[*key, "median_s"]], on=key, how="left")
     if merged.empty:
         return None
-    # one batch per head: the largest at which everything was measured, for a readable chart
-    batch = {h: g["batch"].max() for h, g in merged.groupby("head")}
+    # one batch per head: the largest at which the most backends were measured
+    batch = {h: max(g.groupby("batch").size().items(), key=lambda kv: (kv[1], kv[0]))[0]
+             for h, g in merged.groupby("head")}
     merged = merged[merged.apply(lambda r: r["batch"] == batch[r["head"]], axis=1)]
-    backends = list(dict.fromkeys(merged["backend"]))
+    backends = [b for b in meta.get("backends", []) if b in set(merged["backend"])] or list(
+        dict.fromkeys(merged["backend"]))
     colors = _colors(list(dict.fromkeys(df["backend"])))
     heads_order = list(dict.fromkeys(merged["head"]))
     fig, axes = plt.subplots(1, len(heads_order), figsize=(max(9, 2.6 * len(heads_order) + 1),
@@ -258,7 +262,11 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
                 ax.text(xi, 0, "not\nmeasured", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(x, backends, rotation=45, ha="right")
         ax.set(title=f"{head}, B={batch[head]}", ylabel="ms per call")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(handles=[
+        matplotlib.patches.Patch(color="gray", alpha=0.5, label="forward"),
+        matplotlib.patches.Patch(color="gray", label="backward"),
+        plt.Line2D([], [], color="black", marker="_", ms=12, ls="", label="both, measured")],
+        fontsize=7)
     fig.suptitle(f"Forward (light) and backward (dark, all three gradients) time, {dtype}; "
                  f"bar = both measured in one call\n{_subtitle(meta)}", fontsize=10)
     fig.savefig(path, dpi=DPI)

@@ -295,9 +295,15 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
 
 def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
               passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
-              batches: Sequence[int] | None = None) -> list[Case]:
-    """The preset's cases, with dtypes/passes overridden and heads/batches kept only where
-    given; unknown names raise ValueError listing the known ones."""
+              batches: Sequence[int] | None = None,
+              sweeps: Sequence[str] | None = None) -> list[Case]:
+    """The preset's cases, with dtypes/passes overridden and only the heads/batches/sweeps
+    given kept; unknown names raise ValueError listing the known ones."""
+    known_sweeps = list(dict.fromkeys(s.name for s in preset.sweeps))
+    for name in sweeps or ():
+        if name not in known_sweeps:
+            raise ValueError(f"unknown sweep {name!r}; the {preset.name} preset has: "
+                             f"{', '.join(known_sweeps)}")
     for name in dtypes or ():
         dtype_of(name)
     for name in passes or ():
@@ -308,7 +314,9 @@ def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
             raise ValueError(f"unknown head {name!r}; known: {', '.join(PAPER_HEADS)}")
     cases = expand(preset, tuple(dtypes) if dtypes else None, tuple(passes) if passes else None)
     cases = [c for c in cases if (not heads or c.head in heads)
-             and (not batches or c.shape.batch in batches)]
+             and (not batches or c.shape.batch in batches)
+             and (not sweeps or c.sweep in sweeps)]
     if not cases:
-        raise ValueError("no case of the preset matches the --heads/--batches/--dtypes asked for")
+        raise ValueError("no case of the preset matches the --heads/--batches/--sweeps/"
+                         "--dtypes asked for")
     return cases

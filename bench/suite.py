@@ -54,14 +54,15 @@ def get_preset(name: str) -> Preset:
 def run(preset: str | Preset = "default", *, device: str | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
-        batches: Sequence[int] | None = None, rounds: int | None = None,
+        batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
+        rounds: int | None = None,
         min_time_s: float | None = None, out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
-    `heads`/`batches` keep only those cases of the preset; `rounds`/`min_time_s` override
+    `heads`/`batches`/`sweeps` keep only those cases of the preset; `rounds`/`min_time_s` override
     its timing; `threads` sets torch's CPU threads (default: torch's choice, all cores).
     """
     started = time.perf_counter()
@@ -73,7 +74,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     if min_time_s is not None:
         preset = dataclasses.replace(preset, min_time_s=min_time_s)
     dev = resolve_device(device)
-    cases = cases_for(preset, dtypes, passes, heads, batches)
+    cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
     names, unavailable = select_backends(backends, dev, log)
     info = provenance.collect(dev)
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:

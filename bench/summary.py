@@ -113,6 +113,11 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
                      f"{c['details'].get('matmul_' + dtype, '')} |")
     lines.append(f"| copy | {c['copy_bytes_per_s'] / 1e9:.1f} GB/s | "
                  f"{c['details'].get('copy', '')} |")
+    if c.get("cache_bytes"):
+        lines.append(f"| copy in cache | {c['cache_copy_bytes_per_s'] / 1e9:.1f} GB/s | "
+                     f"{c['details'].get('cache_copy', '')} |")
+    if "measured" in c["details"]:
+        lines += ["", f"Each ceiling is {c['details']['measured']}."]
     lines += ["", f"Peak memory: {meta['memory_method']}. Energy: {meta['energy']}.", "",
               "## Backends", "", f"Measured: {', '.join(meta['backends'])}."]
     for name, reason in meta["unavailable"].items():

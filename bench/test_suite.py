@@ -89,6 +89,11 @@ def test_overrides_and_bad_names():
         runner.cases_for(PRESETS["quick"], ["float8"], None)
     kept = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], passes=["both"])
     assert kept and all(c.head == "A1" and c.shape.batch == 256 for c in kept)
+    one = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], sweeps=["heads"],
+                           dtypes=["float32"])
+    assert [(c.sweep, c.shape) for c in one] == [("heads", PAPER_HEADS["A1"].shape(256))]
+    with pytest.raises(ValueError, match="unknown sweep"):
+        runner.cases_for(PRESETS["quick"], sweeps=["sideways@A1"])
     with pytest.raises(ValueError, match="unknown head"):
         runner.cases_for(PRESETS["quick"], heads=["Z9"])
     with pytest.raises(ValueError, match="no case"):
