@@ -80,18 +80,22 @@ def test_estimator(benchmark, backend: str, case: Case, pass_: str):
     benchmark.group = f"{case.head} B={case.shape.batch} {case.dtype} {pass_}"
     benchmark(timed)
 
-    median = benchmark.stats.stats.median
     flops = spec.flops(case.shape)
     nbytes = spec.min_bytes(case.shape, dtype.itemsize)
+    benchmark.extra_info.update({
+        "backend": backend, "head": case.head, **case.shape.as_dict(), "dtype": case.dtype,
+        "pass": pass_, "device": device.type, "flops": flops, "bytes": nbytes,
+        "error_ratio": ratio,
+    })
+    if benchmark.stats is None:  # --benchmark-disable: ran once, as a correctness check
+        return
+    median = benchmark.stats.stats.median
     meter = EnergyMeter(device)
     energy = meter.measure(fn, median) if meter.available else None
     benchmark.extra_info.update({
-        "backend": backend, "head": case.head, **case.shape.as_dict(), "dtype": case.dtype,
-        "pass": pass_, "device": device.type,
-        "flops": flops, "bytes": nbytes,
         "gflops": flops / median / 1e9, "gbps": nbytes / median / 1e9,
         "joules": energy.joules_per_call if energy else None,
         "watts": energy.watts if energy else None,
         "energy": "NVML total-energy counter" if energy else f"absent: {meter.reason}",
-        "error_ratio": ratio,
     })
+    assert median > 0 and benchmark.extra_info["gflops"] > 0
