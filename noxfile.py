@@ -28,9 +28,11 @@ def _install(session: nox.Session, extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The correctness suite, every backend on every device present (`-- ARGS` to pytest)."""
-    _install(session, "test")
+    _install(session, "test,bench")
     session.run("python", "-m", "glai_kernels")
     session.run("pytest", "correctness/", *session.posargs)
+    # the benchmark suite's own tests; its timed cases run once each, as correctness checks
+    session.run("pytest", "bench/", "--benchmark-disable", "-q")
 
 
 @nox.session

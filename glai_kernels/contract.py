@@ -51,16 +51,20 @@ class Shape:
         return {"forward": self.forward_flops(), "backward": backward,
                 "both": self.forward_flops() + backward}[pass_]
 
-    def min_elements(self, pass_: Pass = "forward") -> int:
-        """Fewest elements read or written once each (SPEC §2), all three gradients."""
+    def min_elements(self, pass_: Pass = "forward", grads: tuple[str, ...] = GRADIENTS) -> int:
+        """Fewest elements read or written once each (SPEC §2); the backward computes `grads`."""
         b, i, p, o = self.batch, self.inputs, self.paths, self.outputs
+        size = {"x": b * i, "act": b * p, "weight": o * i * p}
         forward = b * i + b * p + o * i * p + b * o
-        # backward reads dy, x, act, weight and writes dx, dact, dweight
-        backward = b * o + 2 * (b * i + b * p + o * i * p)
+        # the backward reads dy and the inputs each gradient needs (the other two), and
+        # writes each gradient: all three read dy, x, act, weight and write dx, dact, dweight
+        read = {other for g in grads for other in GRADIENTS if other != g}
+        backward = b * o + sum(size[t] for t in read) + sum(size[g] for g in grads)
         return {"forward": forward, "backward": backward, "both": forward + backward}[pass_]
 
-    def min_bytes(self, itemsize: int, pass_: Pass = "forward") -> int:
-        return self.min_elements(pass_) * itemsize
+    def min_bytes(self, itemsize: int, pass_: Pass = "forward",
+                  grads: tuple[str, ...] = GRADIENTS) -> int:
+        return self.min_elements(pass_, grads) * itemsize
 
     def as_dict(self) -> dict[str, int]:
         return {"batch": self.batch, "inputs": self.inputs, "paths": self.paths,

@@ -1,0 +1,114 @@
+"""`python -m bench` (also `nox -s bench -- ARGS`): the kernel suite, then the GLAI pipeline.
+
+    python -m bench                                  # default preset, CUDA if present
+    python -m bench --preset quick --backends torch,compile --dtypes float32
+    python -m bench --suite kernels --device cpu --out /tmp/bench
+    python -m bench --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
+
+The kernel suite writes results.csv, results.json, summary.md and plots/ into --out
+(default reports/bench/<device>). The pipeline suite (bench/pipeline, when present) writes
+into --pipeline-out (default reports/pipeline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench.passes import DTYPES
+from bench.sweeps import ALL_PASSES, PRESETS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                   help="which sweeps and how long to time (default: default)")
+    p.add_argument("--suite", choices=("kernels", "pipeline", "all"), default="all",
+                   help="kernel benchmarks, the GLAI pipeline, or both (default: all)")
+    p.add_argument("--backends", type=_names, default=None,
+                   help="comma-separated backend names (default: every registered one; "
+                        "einsum always runs as the baseline)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when present, else cpu")
+    p.add_argument("--dtypes", type=_names, default=None,
+                   help=f"comma-separated, of {', '.join(DTYPES)} (default: the preset's)")
+    p.add_argument("--passes", type=_names, default=None,
+                   help=f"comma-separated, of {', '.join(ALL_PASSES)} (default: the preset's)")
+    p.add_argument("--heads", type=_names, default=None,
+                   help="comma-separated paper heads (A1..C2) to keep (default: all)")
+    p.add_argument("--batches", type=lambda t: [int(b) for b in _names(t)], default=None,
+                   help="comma-separated batch sizes to keep (default: the preset's)")
+    p.add_argument("--sweeps", type=_names, default=None,
+                   help="comma-separated sweep names to keep, e.g. heads or batch@A1 "
+                        "(default: all of the preset's)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timing rounds per measurement (default: the preset's)")
+    p.add_argument("--min-time", type=float, default=None,
+                   help="timed seconds per measurement (default: the preset's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice, one per core)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="kernel suite output folder (default: reports/bench/<device>)")
+    p.add_argument("--pipeline-out", type=Path, default=ROOT / "reports" / "pipeline",
+                   help="pipeline output folder (default: reports/pipeline)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def run_pipeline(preset: str, out_dir: Path) -> bool:
+    """Run bench.pipeline.run when that package exists; False when it does not."""
+    if importlib.util.find_spec("bench.pipeline") is None:
+        print("pipeline suite: bench/pipeline is not present; skipped")
+        return False
+    from bench import pipeline
+
+    pipeline.run(preset, out_dir)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    if args.suite in ("kernels", "all"):
+        # Triton's CPU interpreter is for the correctness suite; timing it means nothing.
+        if os.environ.get("TRITON_INTERPRET"):
+            print("note: TRITON_INTERPRET is set; interpreted Triton kernels are being timed")
+        from bench import suite
+
+        try:
+            device = suite.resolve_device(args.device)
+            out = args.out or ROOT / "reports" / "bench" / device.type
+            started = time.perf_counter()
+            output = suite.run(args.preset, device=args.device, backends=args.backends,
+                               dtypes=args.dtypes, passes=args.passes, heads=args.heads,
+                               batches=args.batches, sweeps=args.sweeps,
+                               rounds=args.rounds,
+                               min_time_s=args.min_time, out_dir=out,
+                               plots=not args.no_plots, progress=not args.no_progress,
+                               threads=args.threads,
+                               command=" ".join(["python -m bench", *argv]))
+        except ValueError as e:
+            print(f"python -m bench: {e}", file=sys.stderr)
+            return 2
+        print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
+        for path in output.files:
+            print(f"  wrote {path}")
+    if args.suite in ("pipeline", "all"):
+        run_pipeline(args.preset, args.pipeline_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Energy per call and mean power on NVIDIA GPUs, from NVML's total-energy counter.
+
+`nvmlDeviceGetTotalEnergyConsumption` counts millijoules since the driver loaded and is
+updated every few tens of milliseconds, so a reading is taken over a window of at least a
+second of back-to-back calls: joules per call = energy over the window / calls, mean power =
+energy / window. Everywhere else (the CPU, a GPU without the counter, no nvidia-ml-py) the
+meter says why it is absent; nothing is estimated in its place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MIN_WINDOW_S = 1.0
+
+
+@dataclass(frozen=True)
+class Energy:
+    joules_per_call: float
+    watts: float
+    window_s: float
+    calls: int
+
+
+class EnergyMeter:
+    """Reads one CUDA device's energy counter; `reason` says why not when it cannot."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.handle = None
+        self.reason: str | None = None
+        if device.type != "cuda":
+            self.reason = f"no energy counter on {device.type} (NVML covers NVIDIA GPUs only)"
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            self._read = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except ImportError:
+            self.reason = "nvidia-ml-py is not installed"
+        except Exception as e:  # NVMLError_NotSupported and friends
+            self.handle = None
+            self.reason = f"NVML energy counter unavailable: {e}"
+        self.device = device
+
+    @property
+    def available(self) -> bool:
+        return self.handle is not None
+
+    def measure(self, fn: Callable[[], object], per_call_s: float,
+                min_window_s: float = MIN_WINDOW_S) -> Energy | None:
+        """Energy of back-to-back calls of fn over at least `min_window_s`."""
+        if not self.available:
+            return None
+        calls_per_batch = max(1, int(0.1 / max(per_call_s, 1e-7)))
+        torch.cuda.synchronize(self.device)
+        start_mj, start = self._read(), time.perf_counter()
+        calls = 0
+        while True:
+            for _ in range(calls_per_batch):
+                fn()
+            calls += calls_per_batch
+            torch.cuda.synchronize(self.device)
+            window = time.perf_counter() - start
+            if window >= min_window_s:
+                break
+        joules = (self._read() - start_mj) / 1e3
+        return Energy(joules / calls, joules / window, window, calls)
+
+
+def _physical_index(index: int) -> int:
+    """NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES may renumber them for torch."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        if index < len(entries) and entries[index].isdigit():
+            return int(entries[index])
+    return index

@@ -1,0 +1,126 @@
+"""The four timed passes, their costs from the contract, and the calls that run them.
+
+Every call goes through the public op (`glai_kernels.estimator` and its two custom ops), so a
+measurement includes what a user pays: the op's checks, its dispatch and autograd.
+
+    forward   y = estimator(x, act, weight) under no_grad
+    backward  (dx, dact, dweight) = glai::estimator_backward(dy, ...) from the forward's
+              saved state, exactly what autograd calls
+    both      forward + all three gradients, one torch.autograd.grad call
+    train     forward + dweight only: GLAI's training step (frozen selector and backbone)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from glai_kernels.contract import GRADIENTS, Pass, Shape
+from glai_kernels.op import estimator, estimator_backward_op, estimator_op
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype called `name` ("float32", ...); an unknown name lists the known ones."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """A timed pass: which contract pass it is and which gradients its backward computes."""
+
+    name: str
+    contract_pass: Pass
+    grads: tuple[str, ...]
+
+    def flops(self, shape: Shape) -> int:
+        return shape.flops(self.contract_pass, self.grads)
+
+    def min_bytes(self, shape: Shape, itemsize: int) -> int:
+        return shape.min_bytes(itemsize, self.contract_pass, self.grads)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Names of what the call returns, each checked against the oracle."""
+        y = ("y",) if self.contract_pass != "backward" else ()
+        return y + tuple(f"d{g}" for g in self.grads)
+
+
+PASSES: dict[str, PassSpec] = {p.name: p for p in (
+    PassSpec("forward", "forward", ()),
+    PassSpec("backward", "backward", GRADIENTS),
+    PassSpec("both", "both", GRADIENTS),
+    PassSpec("train", "both", ("weight",)),
+)}
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """One call's inputs: x [B, I], act [B, P], weight [O, I, P] and upstream dy [B, O]."""
+
+    x: torch.Tensor
+    act: torch.Tensor
+    weight: torch.Tensor
+    dy: torch.Tensor
+
+
+Outputs = dict[str, torch.Tensor]
+
+
+def _forward(backend: str, t: Tensors) -> Callable[[], Outputs]:
+    def call() -> Outputs:
+        with torch.no_grad():
+            return {"y": estimator(t.x, t.act, t.weight, backend=backend)}
+    return call
+
+
+def _backward(backend: str, t: Tensors) -> Callable[[], Outputs]:
+    # the forward's saved state, as autograd keeps it when act needs a gradient
+    _, saved = estimator_op(t.x, t.act, t.weight, None, backend, True)
+    needs = [True, True, True]
+
+    def call() -> Outputs:
+        dx, dact, dweight = estimator_backward_op(t.dy, t.x, t.act, t.weight, saved, needs,
+                                                  backend)
+        return {"dx": dx, "dact": dact, "dweight": dweight}
+    return call
+
+
+def _autograd(backend: str, t: Tensors, grads: tuple[str, ...]) -> Callable[[], Outputs]:
+    leaves = {name: getattr(t, name).detach().requires_grad_(name in grads)
+              for name in GRADIENTS}
+    wanted = [leaves[g] for g in grads]
+
+    def call() -> Outputs:
+        with torch.enable_grad():
+            y = estimator(leaves["x"], leaves["act"], leaves["weight"], backend=backend)
+            computed = torch.autograd.grad(y, wanted, t.dy)
+        return {"y": y.detach(), **{f"d{g}": d for g, d in zip(grads, computed, strict=True)}}
+    return call
+
+
+def make_call(backend: str, spec: PassSpec, sets: Sequence[Tensors]) -> Callable[[], Outputs]:
+    """A no-argument callable running `spec` on `backend`, cycling through the input sets
+    (more than one rotates inputs so a GPU's L2 does not keep the last call's operands)."""
+    if spec.name == "forward":
+        calls = [_forward(backend, t) for t in sets]
+    elif spec.name == "backward":
+        calls = [_backward(backend, t) for t in sets]
+    else:
+        calls = [_autograd(backend, t, spec.grads) for t in sets]
+    if len(calls) == 1:
+        return calls[0]
+    rotation = itertools.cycle(calls)
+    return lambda: next(rotation)()

@@ -1,0 +1,99 @@
+"""The tidy results table: one row per (sweep, head, backend, shape, dtype, pass, device).
+
+Raw measurements come from `bench.runner`; this module adds what follows from them and the
+contract: FLOPs and fewest bytes (`Shape.flops` / `Shape.min_bytes` via `bench.passes`),
+GFLOP/s, GB/s, arithmetic intensity, the roofline floor and % of it under this run's
+ceilings, the speedup over the einsum baseline measured in the same run (of the medians:
+`speedup_vs_einsum`; of the fastest samples, steadier on a loaded machine: `speedup_best`),
+and the winner of each (shape, dtype, pass): the fastest (median) backend whose outputs
+matched the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.ceilings import Ceilings
+from bench.passes import PASSES, dtype_of
+from bench.provenance import ROW_FIELDS
+from glai_kernels.contract import Shape
+
+KEY_COLUMNS: tuple[str, ...] = ("backend", "batch", "inputs", "paths", "outputs", "dtype",
+                                "pass", "device", "sweep", "head")
+MEASURE_COLUMNS: tuple[str, ...] = (
+    "status", "correct", "winner", "median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples",
+    "calls", "first_call_s", "flops", "bytes", "gflops", "gbps", "intensity", "floor_s",
+    "roofline_pct", "bound", "speedup_vs_einsum", "speedup_best", "error_ratio", "peak_mem_bytes",
+    "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note",
+)
+COLUMNS: tuple[str, ...] = KEY_COLUMNS + MEASURE_COLUMNS + ROW_FIELDS
+# one measurement, whichever sweeps report it
+MEASUREMENT_KEY = ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
+CASE_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
+
+
+def _costs(row: pd.Series, ceilings: Ceilings) -> pd.Series:
+    shape = Shape(int(row["batch"]), int(row["inputs"]), int(row["paths"]), int(row["outputs"]))
+    spec = PASSES[row["pass"]]
+    itemsize = dtype_of(row["dtype"]).itemsize
+    flops, nbytes = spec.flops(shape), spec.min_bytes(shape, itemsize)
+    return pd.Series({"flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
+                      "floor_s": ceilings.floor_s(flops, nbytes, row["dtype"]),
+                      "bound": ceilings.bound(flops, nbytes, row["dtype"])})
+
+
+def table(rows: list[dict], ceilings: Ceilings, provenance: dict) -> pd.DataFrame:
+    """The full results table, every column of COLUMNS, in that order."""
+    df = pd.DataFrame(rows)
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = math.nan
+    if df.empty:
+        return df[list(COLUMNS)]
+    df[["flops", "bytes", "intensity", "floor_s", "bound"]] = df.apply(
+        _costs, axis=1, ceilings=ceilings)
+    timed = df["status"].isin(["ok", "wrong"])
+    df["gflops"] = (df["flops"] / df["median_s"] / 1e9).where(timed)
+    df["gbps"] = (df["bytes"] / df["median_s"] / 1e9).where(timed)
+    df["roofline_pct"] = (100 * df["floor_s"] / df["median_s"]).where(timed)
+    df["speedup_vs_einsum"] = _speedup(df, "median_s").where(timed)
+    df["speedup_best"] = _speedup(df, "min_s").where(timed)
+    df["winner"] = _winners(df)
+    for name in ROW_FIELDS:
+        df[name] = provenance.get(name, "")
+    df["correct"] = df["correct"].astype("boolean")
+    return df[list(COLUMNS)]
+
+
+def _speedup(df: pd.DataFrame, column: str) -> pd.Series:
+    """The einsum baseline's `column` over each row's, for the same shape, dtype and pass."""
+    baseline = (df[(df["backend"] == "einsum") & (df["status"] == "ok")]
+                .drop_duplicates(CASE_KEY).set_index(CASE_KEY)[column])
+    base = df.set_index(CASE_KEY).index.map(baseline.to_dict().get)
+    return pd.Series(base, index=df.index, dtype=float) / df[column]
+
+
+def _winners(df: pd.DataFrame) -> pd.Series:
+    """True for the fastest correct backend of each (shape, dtype, pass)."""
+    eligible = df[(df["status"] == "ok") & (df["correct"] == True)]  # noqa: E712
+    fastest = eligible.loc[eligible.groupby(CASE_KEY)["median_s"].idxmin()]
+    wins = set(map(tuple, fastest[["backend", *CASE_KEY]].to_numpy().tolist()))
+    return pd.Series([tuple(r) in wins for r in df[["backend", *CASE_KEY]].to_numpy().tolist()],
+                     index=df.index)
+
+
+def write(df: pd.DataFrame, out_dir: Path, meta: dict) -> tuple[Path, Path]:
+    """results.csv (every column) and results.json (meta once, rows without the repeated
+    provenance columns)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out_dir / "results.csv", out_dir / "results.json"
+    df.to_csv(csv_path, index=False, float_format="%.6g")
+    slim = df.drop(columns=list(ROW_FIELDS))
+    records = json.loads(slim.to_json(orient="records", double_precision=6))
+    json_path.write_text(json.dumps({**meta, "columns": list(COLUMNS), "rows": records},
+                                    indent=1, default=str) + "\n")
+    return csv_path, json_path

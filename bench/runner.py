@@ -1,0 +1,322 @@
+"""Run a preset: every case × backend × pass, timed, checked against the oracle, measured.
+
+For each distinct (shape, dtype) of the preset, in order:
+1. skip what cannot run: a pass whose roofline floor exceeds the preset's per-call limit,
+   inputs + float64 oracle that do not fit in free memory, a backend whose estimated
+   memory does not fit or that does not take the dtype (each a `skipped` row with a note);
+2. per pass and backend: a first call whose outputs are checked against the float64 oracle
+   (`correct`, `error_ratio`), a second call (too slow to time: skipped), warm-up calls
+   (which also size the timing blocks), one call under the memory meter;
+3. time all backends of the pass together (`bench.timing`), then the energy (NVIDIA only).
+A shape that belongs to several sweeps is measured once and reported under each.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from bench import ceilings as ceilings_mod
+from bench import memory
+from bench.ceilings import Ceilings
+from bench.energy import EnergyMeter
+from bench.oracle import CHUNK_BYTES, Oracle, tf32_enabled
+from bench.passes import PASSES, PassSpec, Tensors, dtype_of, make_call
+from bench.sweeps import Case, Preset, expand
+from bench.timing import Timing, time_cuda, time_interleaved
+from glai_kernels import registry
+from glai_kernels.contract import Shape
+from glai_kernels.heads import PAPER_HEADS
+from reference import make_inputs
+
+BASELINE = "einsum"
+# the share of free memory a case may plan to use
+MEMORY_FRACTION = 0.7
+# a backend whose warmed-up call takes longer than this many times the preset's limit
+# is not timed (an interpreter, a pathological size)
+SLOW_FACTOR = 3.0
+ROTATING_SETS_MAX = 8
+# a second call at least this long ends the warm-up
+LONG_WARM_S = 0.1
+
+Measurement = dict[str, object]
+
+
+@dataclass
+class Context:
+    """What every case of one run shares."""
+
+    preset: Preset
+    device: torch.device
+    backends: list[str]
+    ceilings: Ceilings
+    seed: int = 0
+    meter: EnergyMeter | None = None
+    log: Callable[[str], None] = print
+    memory_fraction: float = MEMORY_FRACTION
+    notes: list[str] = field(default_factory=list)
+
+
+def select_backends(requested: Sequence[str] | None, device: torch.device,
+                    log: Callable[[str], None] = print) -> tuple[list[str], dict[str, str]]:
+    """(backends to run, {unavailable backend: reason}), the baseline first.
+
+    Unknown names raise ValueError listing the registered ones. The einsum baseline joins
+    every run (speedups are measured against it in the same run).
+    """
+    names = list(requested) if requested else registry.names()
+    for name in names:
+        registry.get(name)
+    if BASELINE not in names:
+        log(f"adding the {BASELINE!r} backend: speedups are measured against it")
+        names.insert(0, BASELINE)
+    names.sort(key=lambda n: n != BASELINE)
+    run, unavailable = [], {}
+    for name in names:
+        reason = registry.get(name).unsupported_reason(device.type)
+        if reason is None:
+            run.append(name)
+        else:
+            unavailable[name] = reason
+            log(f"backend {name!r} is unavailable on {device.type}: {reason}")
+    return run, unavailable
+
+
+def make_sets(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int,
+              count: int = 1) -> list[Tensors]:
+    """`count` independent seeded input sets (with dy) for one shape."""
+    sets = []
+    for k in range(count):
+        x, act, weight, _ = make_inputs(shape.batch, shape.inputs, shape.paths, shape.outputs,
+                                        dtype=dtype, device=device, seed=seed + k, bias=False)
+        gen = torch.Generator().manual_seed(10_000 + seed + k)
+        dy = torch.randn(shape.batch, shape.outputs, generator=gen, dtype=torch.float64)
+        sets.append(Tensors(x, act, weight, dy.to(device=device, dtype=dtype)))
+    return sets
+
+
+def rotating_count(shape: Shape, itemsize: int, device: torch.device, budget: int) -> int:
+    """Input sets to rotate through on a GPU: enough to exceed twice the L2 cache."""
+    if device.type != "cuda":
+        return 1
+    per_set = shape.min_bytes(itemsize, "backward")
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 2**25
+    wanted = math.ceil(2 * l2 / max(per_set, 1))
+    fits = max(1, budget // (4 * max(per_set, 1)))
+    return max(1, min(ROTATING_SETS_MAX, wanted, fits))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _warm(fn: Callable[[], object], device: torch.device,
+          warm_s: float = 0.05) -> tuple[float, float]:
+    """Warm-up calls (at least three, and about `warm_s` in all, so that one-off costs such as
+    first-touch page faults and allocator growth are behind us).
+
+    Returns (fastest, median) call time; the median sizes the timing blocks.
+    """
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < warm_s and len(times) < 1000):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return min(times), statistics.median(times[1:])
+
+
+def _skip(note: str) -> Measurement:
+    return {"status": "skipped", "note": note}
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def measure_shape(ctx: Context, shape: Shape, dtype_name: str,
+                  passes: Sequence[str]) -> dict[tuple[str, str], Measurement]:
+    """{(pass, backend): measurement} for one shape and dtype."""
+    dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    out: dict[tuple[str, str], Measurement] = {}
+
+    def skip_all(pass_: str, note: str) -> None:
+        for b in ctx.backends:
+            out[(pass_, b)] = _skip(note)
+
+    budget = int(memory.available_bytes(device) * ctx.memory_fraction)
+    oracle_need = memory.oracle_bytes(shape, CHUNK_BYTES)
+    if oracle_need > budget:
+        for p in passes:
+            skip_all(p, f"inputs and the float64 oracle need {_gib(oracle_need)}, "
+                        f"more than {_gib(budget)} free")
+        return out
+    runnable = []
+    for p in passes:
+        spec = PASSES[p]
+        floor = ctx.ceilings.floor_s(spec.flops(shape), spec.min_bytes(shape, itemsize),
+                                     dtype_name)
+        if floor > preset.max_call_s:
+            skip_all(p, f"roofline floor {floor:.2g} s per call exceeds the "
+                        f"{preset.name} preset's limit of {preset.max_call_s} s")
+        else:
+            runnable.append(p)
+    if not runnable:
+        return out
+
+    sets = make_sets(shape, dtype, device, ctx.seed,
+                     rotating_count(shape, itemsize, device, budget - oracle_need))
+    oracle = Oracle(sets[0])
+    tf32 = dtype == torch.float32 and tf32_enabled(device)
+
+    for p in runnable:
+        spec = PASSES[p]
+        ready: dict[str, Callable[[], object]] = {}
+        warm_s: dict[str, float] = {}
+        for b in ctx.backends:
+            reason = registry.get(b).unsupported_reason(device.type, dtype)
+            if reason is not None:
+                out[(p, b)] = _skip(f"{b}: {reason}")
+                continue
+            need = memory.estimate_bytes(b, shape, spec, itemsize) * len(sets)
+            if need > budget - oracle_need:
+                out[(p, b)] = _skip(f"needs about {_gib(need)}, more than "
+                                    f"{_gib(budget - oracle_need)} free")
+                continue
+            out[(p, b)] = m = {"est_mem_bytes": need}
+            started = time.perf_counter()
+            try:
+                prepared = _prepare(ctx, b, spec, sets, oracle, tf32, m)
+            except Exception as e:  # a backend failing one case must not end the run
+                m.update(status="error", note=f"{type(e).__name__}: {e}".splitlines()[0])
+                ctx.log(f"{b} {p} {shape} {dtype_name} failed:\n{traceback.format_exc()}")
+                prepared = None
+            m["measure_s"] = time.perf_counter() - started
+            if prepared is not None:
+                ready[b], warm_s[b] = prepared
+
+        timings = _time(ready, warm_s, device, preset)
+        for b, timing in timings.items():
+            m = out[(p, b)]
+            m.update(status="ok" if m["correct"] else "wrong", **_timing_fields(timing))
+            m["measure_s"] += timing.total_s
+            if not m["correct"]:
+                m["note"] = f"differs from the float64 oracle ({m['error_ratio']:.3g}x tolerance)"
+            if ctx.meter is not None and ctx.meter.available:
+                try:
+                    energy = ctx.meter.measure(ready[b], timing.median_s)
+                except Exception as e:  # NVML can fail mid-run; the timing still stands
+                    m["note"] = f"energy not measured: {type(e).__name__}: {e}"
+                else:
+                    m.update(energy_j=energy.joules_per_call, power_w=energy.watts,
+                             energy_window_s=energy.window_s)
+    return out
+
+
+def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], oracle: Oracle,
+             tf32: bool, m: Measurement) -> tuple[Callable[[], object], float] | None:
+    """Check, warm up and measure the memory of one backend's call; (fn, median warm call
+    time) to time, or None when it is too slow to time (m then says so)."""
+    device, preset = ctx.device, ctx.preset
+    fn = make_call(backend, spec, sets)
+    check = fn if len(sets) == 1 else make_call(backend, spec, sets[:1])
+    start = time.perf_counter()
+    first = check()
+    _sync(device)
+    m["first_call_s"] = time.perf_counter() - start
+    # the first call may have compiled; the second says whether timing is affordable,
+    # before the float64 oracle (the dearest part of a large case) is computed
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    second = time.perf_counter() - start
+    if second > SLOW_FACTOR * preset.max_call_s:
+        m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x the "
+                       f"{preset.name} preset's limit of {preset.max_call_s} s"))
+        return None
+    m["error_ratio"] = oracle.error_ratio(first, tf32)
+    m["correct"] = m["error_ratio"] <= 1.0
+    del first
+    # a call this long is warm after two; more warm-up would only cost time
+    warm = second if second >= LONG_WARM_S else _warm(fn, device)[1]
+    m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
+    return fn, warm
+
+
+def _time(ready: dict[str, Callable[[], object]], warm_s: dict[str, float],
+          device: torch.device, preset: Preset) -> dict[str, Timing]:
+    if not ready:
+        return {}
+    if device.type == "cuda":
+        return {b: time_cuda(fn, device, preset.min_time_s, warm_s[b]) for b, fn in ready.items()}
+    return time_interleaved(ready, warm_s, preset.min_time_s, preset.rounds)
+
+
+def _timing_fields(t: Timing) -> dict[str, object]:
+    return {"median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s, "iqr_s": t.iqr_s,
+            "min_s": t.min_s, "samples": t.samples, "calls": t.calls}
+
+
+def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[dict]:
+    """Rows (one per case × pass × backend) of raw measurements, in the cases' order."""
+    from tqdm.auto import tqdm
+
+    groups: dict[tuple[Shape, str], list[Case]] = {}
+    for case in cases:
+        groups.setdefault((case.shape, case.dtype), []).append(case)
+    rows = []
+    bar = tqdm(groups.items(), desc="bench", unit="shape", disable=not progress)
+    for (shape, dtype_name), members in bar:
+        bar.set_postfix_str(f"{members[0].head} B={shape.batch} I={shape.inputs} "
+                            f"P={shape.paths} O={shape.outputs} {dtype_name}")
+        passes = list(dict.fromkeys(p for c in members for p in c.passes))
+        measured = measure_shape(ctx, shape, dtype_name, passes)
+        for case in members:
+            for p in case.passes:
+                for b in ctx.backends:
+                    rows.append({"sweep": case.sweep, "head": case.head, "backend": b,
+                                 **shape.as_dict(), "dtype": dtype_name, "pass": p,
+                                 "device": ctx.device.type, **measured[(p, b)]})
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        else:
+            ctx.ceilings = ceilings_mod.refresh(ctx.ceilings, ctx.device)
+    return rows
+
+
+def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
+              passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
+              batches: Sequence[int] | None = None,
+              sweeps: Sequence[str] | None = None) -> list[Case]:
+    """The preset's cases, with dtypes/passes overridden and only the heads/batches/sweeps
+    given kept; unknown names raise ValueError listing the known ones."""
+    known_sweeps = list(dict.fromkeys(s.name for s in preset.sweeps))
+    for name in sweeps or ():
+        if name not in known_sweeps:
+            raise ValueError(f"unknown sweep {name!r}; the {preset.name} preset has: "
+                             f"{', '.join(known_sweeps)}")
+    for name in dtypes or ():
+        dtype_of(name)
+    for name in passes or ():
+        if name not in PASSES:
+            raise ValueError(f"unknown pass {name!r}; known: {', '.join(PASSES)}")
+    for name in heads or ():
+        if name not in PAPER_HEADS:
+            raise ValueError(f"unknown head {name!r}; known: {', '.join(PAPER_HEADS)}")
+    cases = expand(preset, tuple(dtypes) if dtypes else None, tuple(passes) if passes else None)
+    cases = [c for c in cases if (not heads or c.head in heads)
+             and (not batches or c.shape.batch in batches)
+             and (not sweeps or c.sweep in sweeps)]
+    if not cases:
+        raise ValueError("no case of the preset matches the --heads/--batches/--sweeps/"
+                         "--dtypes asked for")
+    return cases

@@ -1,0 +1,121 @@
+"""The kernel suite end to end: backends, ceilings, every case, then the report files.
+
+    run(preset="default", device="cpu", out_dir=Path("reports/bench/cpu"))
+    -> RunOutput with the table and the paths written
+
+Writes into `out_dir`: results.csv, results.json, summary.md and plots/*.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from bench import ceilings as ceilings_mod
+from bench import memory, provenance, results
+from bench.energy import EnergyMeter
+from bench.runner import Context, cases_for, run_cases, select_backends
+from bench.sweeps import PRESETS, Preset
+
+
+@dataclass
+class RunOutput:
+    table: pd.DataFrame
+    meta: dict
+    files: list[Path] = field(default_factory=list)
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`cuda` when present and not told otherwise; asking for an absent CUDA is an error."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here (torch.cuda.is_available() is "
+                         "False)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {name!r}")
+    return device
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def run(preset: str | Preset = "default", *, device: str | None = None,
+        backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
+        passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
+        batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
+        rounds: int | None = None,
+        min_time_s: float | None = None, out_dir: Path | None = None,
+        plots: bool = True, progress: bool = True, seed: int = 0,
+        threads: int | None = None, command: str | None = None,
+        log: Callable[[str], None] = print) -> RunOutput:
+    """Run the kernel suite; write its files to `out_dir` when given.
+
+    `heads`/`batches`/`sweeps` keep only those cases of the preset; `rounds`/`min_time_s` override
+    its timing; `threads` sets torch's CPU threads (default: torch's choice, all cores).
+    """
+    started = time.perf_counter()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if rounds is not None:
+        preset = dataclasses.replace(preset, rounds=rounds)
+    if min_time_s is not None:
+        preset = dataclasses.replace(preset, min_time_s=min_time_s)
+    dev = resolve_device(device)
+    cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
+    names, unavailable = select_backends(backends, dev, log)
+    info = provenance.collect(dev)
+    if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
+        log(f"note: load average {info['load_average']} on {info['cpu_count']} cores: other "
+            f"work shares this CPU, so timings will be noisy (ratios less so; --threads 1 "
+            f"suffers least from it)")
+    run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
+    log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
+        f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
+    ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
+    meter = EnergyMeter(dev)
+    ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log)
+    rows = run_cases(ctx, cases, progress=progress)
+    log("measuring the ceilings again")
+    ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
+    info["load_average_end"] = provenance.load_average()
+    table = results.table(rows, ceilings, info)
+    meta = {
+        "command": command or f"python -m bench --preset {preset.name}",
+        "provenance": info,
+        "preset": {"name": preset.name, "description": preset.description,
+                   "min_time_s": preset.min_time_s, "rounds": preset.rounds,
+                   "max_call_s": preset.max_call_s,
+                   "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
+                                                                 for p in c.passes})},
+        "backends": names,
+        "unavailable": unavailable,
+        "ceilings": ceilings.as_dict(),
+        "memory_method": memory.MEMORY_METHOD[dev.type],
+        "energy": "NVML total-energy counter" if meter.available else f"absent: {meter.reason}",
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    output = RunOutput(table, meta)
+    if out_dir is not None:
+        output.files.extend(results.write(table, out_dir, meta))
+        if plots:
+            from bench import plots as plots_mod
+
+            output.files.extend(plots_mod.write_all(table, meta, out_dir / "plots"))
+        from bench import summary
+
+        output.files.append(summary.write(table, meta, out_dir))
+        meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    return output

@@ -1,0 +1,425 @@
+"""Tests of the benchmark suite itself: sweeps and presets, skips, the table's schema, the
+correctness gate, ceilings, provenance, plots, the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import types
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bench import __main__ as cli
+from bench import ceilings, memory, plots, provenance, render, results, runner, suite, timing
+from bench.ceilings import Ceilings
+from bench.energy import EnergyMeter
+from bench.oracle import Oracle
+from bench.passes import PASSES, make_call
+from bench.sweeps import PAPER_BATCHES, PRESETS, Preset, Sweep, expand
+from glai_kernels import registry
+from glai_kernels.contract import Shape
+from glai_kernels.heads import PAPER_HEADS
+from reference import listing1_backward, listing1_forward
+
+CPU = torch.device("cpu")
+# a small real head (A2: I=769, P=64, O=4) at tiny batches: every chart has data and the
+# run takes seconds
+TINY = Preset(
+    name="tiny",
+    description="test preset",
+    sweeps=(Sweep("heads", ("A2",), "batch", (2, 5)),
+            Sweep("paths@A2", ("A2",), "paths", (3, 8), batch=3)),
+    dtypes=("float32",),
+    min_time_s=0.02,
+    rounds=2,
+    max_call_s=1.0,
+    ceiling_time_s=0.02,
+)
+FAST = ["einsum", "torch"]
+
+
+# ---------------------------------------------------------------- sweeps and presets
+
+def test_every_sweep_varies_only_its_axis():
+    for preset in PRESETS.values():
+        for sweep in preset.sweeps:
+            for head, shape in sweep.shapes():
+                base = PAPER_HEADS[head].shape(sweep.batch).as_dict()
+                got = shape.as_dict()
+                assert {k for k in base if base[k] != got[k]} <= {sweep.axis}
+                assert got[sweep.axis] in sweep.values
+
+
+def test_default_and_full_cover_the_six_heads_at_the_paper_batches():
+    for name in ("default", "full"):
+        cases = expand(PRESETS[name])
+        grid = {(c.head, c.shape.batch) for c in cases if c.sweep == "heads"}
+        assert grid == {(h, b) for h in PAPER_HEADS for b in PAPER_BATCHES}
+        assert {"batch", "inputs", "paths", "outputs"} <= {
+            c.sweep.split("@")[0] for c in cases if c.sweep != "heads"}
+        assert {c.shape for c in cases if c.head == "A1" and c.shape.batch == 256} >= {
+            PAPER_HEADS["A1"].shape(256)}
+
+
+def test_quick_preset_is_small_and_all_float32():
+    cases = expand(PRESETS["quick"])
+    assert {c.dtype for c in cases} == {"float32"}
+    assert len({c.shape for c in cases}) <= 8
+    assert all(set(c.passes) <= set(PASSES) for c in cases)
+
+
+def test_overrides_and_bad_names():
+    cases = expand(PRESETS["default"], dtypes=("bfloat16",), passes=("train",))
+    # the axis sweeps are float32-only, so asking for bfloat16 keeps only the heads
+    assert {c.sweep for c in cases} == {"heads"}
+    assert all(c.dtype == "bfloat16" and c.passes == ("train",) for c in cases)
+    with pytest.raises(ValueError, match="unknown heads"):
+        Sweep("x", ("Z9",), "batch", (1,))
+    with pytest.raises(ValueError, match="axis"):
+        Sweep("x", ("A1",), "width", (1,))
+    with pytest.raises(ValueError, match="unknown pass"):
+        runner.cases_for(PRESETS["quick"], None, ["sideways"])
+    with pytest.raises(ValueError, match="unknown dtype"):
+        runner.cases_for(PRESETS["quick"], ["float8"], None)
+    kept = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], passes=["both"])
+    assert kept and all(c.head == "A1" and c.shape.batch == 256 for c in kept)
+    one = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], sweeps=["heads"],
+                           dtypes=["float32"])
+    assert [(c.sweep, c.shape) for c in one] == [("heads", PAPER_HEADS["A1"].shape(256))]
+    with pytest.raises(ValueError, match="unknown sweep"):
+        runner.cases_for(PRESETS["quick"], sweeps=["sideways@A1"])
+    with pytest.raises(ValueError, match="unknown head"):
+        runner.cases_for(PRESETS["quick"], heads=["Z9"])
+    with pytest.raises(ValueError, match="no case"):
+        runner.cases_for(PRESETS["quick"], batches=[3])
+
+
+def test_pass_costs_come_from_the_contract():
+    s = Shape(3, 5, 7, 11)
+    b, i, p, o = 3, 5, 7, 11
+    assert PASSES["forward"].flops(s) == 2 * b * i * p * o
+    assert PASSES["both"].flops(s) == 4 * PASSES["forward"].flops(s)
+    assert PASSES["train"].flops(s) == 2 * PASSES["forward"].flops(s)
+    forward = b * i + b * p + o * i * p + b * o
+    # train: the forward, then read dy, x, act and write dweight
+    assert PASSES["train"].min_bytes(s, 4) == 4 * (forward + b * o + b * i + b * p + o * i * p)
+    assert PASSES["backward"].min_bytes(s, 2) == 2 * (b * o + 2 * (b * i + b * p + o * i * p))
+
+
+# ---------------------------------------------------------------- skipping
+
+def _ctx(backends=FAST, **kw) -> runner.Context:
+    ceil = kw.pop("ceilings", Ceilings({"float32": 1e10}, 1e10))
+    return runner.Context(kw.pop("preset", TINY), CPU, list(backends), ceil,
+                          log=lambda _: None, **kw)
+
+
+def test_a_case_too_big_for_memory_is_skipped_with_a_note(monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 50 * 2**20)
+    # A1 at B=4096: the oracle alone needs more than 50 MiB
+    out = runner.measure_shape(_ctx(), PAPER_HEADS["A1"].shape(4096), "float32", ["forward"])
+    assert {m["status"] for m in out.values()} == {"skipped"}
+    assert all("free" in m["note"] for m in out.values())
+
+
+def test_a_backend_too_big_for_memory_is_skipped_while_others_run(monkeypatch):
+    shape = Shape(64, 65, 64, 2)  # einsum's [B, I, P] is 1 MiB, torch needs ~0.1 MiB
+    need = {b: memory.estimate_bytes(b, shape, PASSES["forward"], 4) for b in FAST}
+    assert need["einsum"] > need["torch"]
+    free = memory.oracle_bytes(shape, runner.CHUNK_BYTES) + (need["einsum"] + need["torch"]) // 2
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(free / 0.7))
+    out = runner.measure_shape(_ctx(), shape, "float32", ["forward"])
+    assert out[("forward", "einsum")]["status"] == "skipped"
+    assert "free" in out[("forward", "einsum")]["note"]
+    assert out[("forward", "torch")]["status"] == "ok"
+
+
+def test_a_case_beyond_the_presets_time_limit_is_skipped():
+    slow = Ceilings({"float32": 10.0}, 10.0)  # a machine doing 10 FLOP/s
+    out = runner.measure_shape(_ctx(ceilings=slow), Shape(2, 3, 4, 5), "float32",
+                               ["forward", "both"])
+    assert {m["status"] for m in out.values()} == {"skipped"}
+    assert all("roofline floor" in m["note"] for m in out.values())
+
+
+def test_a_backend_too_slow_to_time_is_skipped_after_two_calls():
+    calls = []
+
+    def sleepy(x, act, weight):
+        calls.append(1)
+        time.sleep(0.05)
+        return listing1_forward(x, act, weight)
+
+    registry.register(registry.Backend("sleepy", sleepy, listing1_backward, ("cpu",), "slow"))
+    try:
+        preset = Preset("strict", "", (), ("float32",), max_call_s=0.01)
+        out = runner.measure_shape(_ctx(["einsum", "sleepy"], preset=preset), Shape(2, 3, 4, 5),
+                                   "float32", ["forward"])
+    finally:
+        registry.unregister("sleepy")
+    assert out[("forward", "sleepy")]["status"] == "skipped"
+    assert "a call took" in out[("forward", "sleepy")]["note"]
+    assert len(calls) == 2
+    assert out[("forward", "einsum")]["status"] == "ok"
+
+
+def test_estimates_name_the_big_intermediates():
+    s = Shape(256, 385, 128, 37)
+    both = PASSES["both"]
+    assert memory.estimate_bytes("einsum", s, both, 4) >= 2 * 4 * 256 * 385 * 128
+    # an unknown backend is assumed fused: its inputs and results only
+    fused = memory.estimate_bytes("someone_new", s, both, 4)
+    assert fused < memory.estimate_bytes("torch", s, both, 4)
+    assert fused >= 4 * (s.min_elements("forward"))
+
+
+def test_cpu_allocation_peak_sees_a_temporary():
+    def make_and_drop():
+        t = torch.ones(2**20)  # 4 MiB, freed before the result is made
+        return t.sum()
+
+    peak = memory.peak_bytes(make_and_drop, CPU)
+    assert peak is not None and peak >= 4 * 2**20
+
+
+# ---------------------------------------------------------------- timing, ceilings, oracle
+
+def test_timing_statistics():
+    t = timing.Timing.of([1.0, 2.0, 3.0, 4.0, 100.0], calls=5)
+    assert (t.median_s, t.min_s, t.samples) == (3.0, 1.0, 5)
+    assert t.q25_s == 2.0 and t.q75_s == 4.0 and t.iqr_s == 2.0
+    assert timing.block_size(1e-3, 0.1, 5) == 20
+    assert timing.block_size(1.0, 0.1, 5) == 1
+
+
+def test_interleaved_timer_times_every_function():
+    fns = {"a": lambda: torch.ones(10).sum(), "b": lambda: torch.ones(10000).sum()}
+    out = timing.time_interleaved(fns, {"a": 1e-5, "b": 1e-5}, min_time_s=0.02, rounds=3)
+    assert set(out) == {"a", "b"}
+    assert all(t.samples == 3 and 0 < t.min_s <= t.median_s for t in out.values())
+
+
+def test_ceilings_are_positive_and_pick_the_right_bound():
+    peak, n = ceilings.matmul_peak(torch.float32, CPU, min_time_s=0.02, sizes=(64, 128))
+    assert peak > 0 and n in (64, 128)
+    assert ceilings.copy_bandwidth(CPU, 2**22, min_time_s=0.02) > 0
+    c = Ceilings({"float32": 1e11}, 1e10, cache_copy_bytes_per_s=1e11, cache_bytes=2**20)
+    assert c.bound(10**12, 10**6, "float32") == "compute"
+    assert c.bound(10**3, 2**18, "float32") == "cache"     # fits in half the cache
+    assert c.bound(10**3, 2**24, "float32") == "memory"
+    assert c.floor_s(10**3, 2**24, "float32") == pytest.approx(2**24 / 1e10)
+    assert math.isnan(c.floor_s(1, 1, "float16"))
+
+
+def test_chunked_oracle_equals_whole_and_judges():
+    shape = Shape(9, 5, 4, 3)
+    t = runner.make_sets(shape, torch.float32, CPU, seed=1)[0]
+    whole, chunked = Oracle(t), Oracle(t, chunk_bytes=8 * 5 * 4 * 2)  # 2 rows per chunk
+    assert chunked.rows == 2
+    for name in ("y",):
+        assert torch.allclose(whole.forward[name][0], chunked.forward[name][0], rtol=1e-12)
+    for name in ("dx", "dact", "dweight"):
+        assert torch.allclose(whole.gradients[name][0], chunked.gradients[name][0],
+                              rtol=1e-12, atol=1e-14)
+    good = make_call("torch", PASSES["both"], [t])()
+    assert chunked.error_ratio(good) <= 1.0
+    bad = dict(good, dweight=good["dweight"] * 1.01)
+    assert chunked.error_ratio(bad) > 1.0
+
+
+def test_energy_is_absent_on_the_cpu():
+    meter = EnergyMeter(CPU)
+    assert not meter.available and "cpu" in meter.reason
+    assert meter.measure(lambda: None, 1e-3) is None
+
+
+def test_energy_arithmetic_against_a_fake_nvml(monkeypatch):
+    """NVML counts millijoules; a constant 250 W must read back as 250 W and
+    250 W x window / calls joules per call, over at least the minimum window."""
+    start = time.perf_counter()
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i),
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: int(250e3 * (time.perf_counter() - start)),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    meter = EnergyMeter(torch.device("cuda", 0))
+    assert meter.available, meter.reason
+    energy = meter.measure(lambda: time.sleep(0.002), per_call_s=0.002, min_window_s=0.2)
+    assert energy.window_s >= 0.2 and energy.calls >= 10
+    assert energy.watts == pytest.approx(250, rel=0.05)
+    assert energy.joules_per_call == pytest.approx(250 * energy.window_s / energy.calls, rel=0.05)
+
+
+# ---------------------------------------------------------------- a whole run
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("bench")
+    output = suite.run(TINY, device="cpu", backends=FAST, out_dir=out_dir, progress=False,
+                       log=lambda _: None)
+    return output, out_dir
+
+
+def test_csv_has_the_schema_and_one_row_per_measurement(tiny_run):
+    _, out_dir = tiny_run
+    df = pd.read_csv(out_dir / "results.csv")
+    assert list(df.columns) == list(results.COLUMNS)
+    assert df[list(results.KEY_COLUMNS)].notna().all().all()
+    # heads: 1 head x 2 batches; paths sweep: 2 values; 4 passes; 2 backends
+    assert len(df) == (2 + 2) * 4 * 2
+    assert not df.duplicated(list(results.KEY_COLUMNS)).any()
+    assert set(df["status"]) == {"ok"} and df["correct"].all()
+    ok = df[df["status"] == "ok"]
+    assert (ok["median_s"] > 0).all() and (ok["iqr_s"] >= 0).all()
+    assert np.allclose(ok["gflops"], ok["flops"] / ok["median_s"] / 1e9)
+    assert np.allclose(df.loc[df["backend"] == "einsum", "speedup_vs_einsum"], 1.0)
+    assert (ok["peak_mem_bytes"] > 0).all()
+    assert df["energy_j"].isna().all()  # no NVML on a CPU: absent, not zero
+    # one winner per shape x dtype x pass (counted once across sweeps)
+    winners = df[df["winner"]].drop_duplicates(results.MEASUREMENT_KEY)
+    assert len(winners) == len(df.drop_duplicates(results.CASE_KEY))
+    for name in provenance.ROW_FIELDS:
+        assert df[name].notna().all()
+
+
+def test_json_and_summary(tiny_run):
+    output, out_dir = tiny_run
+    data = json.loads((out_dir / "results.json").read_text())
+    assert data["provenance"]["device"] == "cpu"
+    assert data["ceilings"]["copy_bytes_per_s"] > 0
+    assert len(data["rows"]) == len(output.table)
+    summary = (out_dir / "summary.md").read_text()
+    assert "## Winning backend per paper head" in summary
+    assert "| A2 |" in summary and "cpu" in summary
+    for name in plots.CHARTS:
+        assert f"plots/{name}" in summary
+
+
+def test_every_chart_is_written_and_not_blank(tiny_run):
+    _, out_dir = tiny_run
+    for name in plots.CHARTS:
+        image = matplotlib.image.imread(out_dir / "plots" / name)
+        assert image.shape[0] > 200 and image.shape[1] > 200
+        # a chart with content has many pixels away from the background
+        assert (np.abs(image[..., :3] - image[0, 0, :3]).sum(-1) > 0.1).mean() > 0.02
+
+
+def test_render_redraws_from_the_files_alone(tiny_run):
+    _, out_dir = tiny_run
+    for path in (out_dir / "plots").glob("*.png"):
+        path.unlink()
+    (out_dir / "summary.md").unlink()
+    written = render.render(out_dir)
+    assert {p.name for p in written} == {*plots.CHARTS, "summary.md"}
+    assert "## Winning backend per paper head" in (out_dir / "summary.md").read_text()
+
+
+def test_provenance_fields():
+    info = provenance.collect(CPU)
+    for name in (*provenance.ROW_FIELDS, "device", "cpu_count", "python_version"):
+        assert info[name] not in (None, ""), name
+    assert info["threads"] == torch.get_num_threads()
+    assert info["torch_version"] == torch.__version__
+
+
+# ---------------------------------------------------------------- the correctness gate
+
+def _zeros_forward(x, act, weight):
+    return x.new_zeros(x.shape[0], weight.shape[0])
+
+
+def _zeros_backward(dy, x, act, weight, needs, saved=None):
+    return tuple(torch.zeros_like(t) if n else None for t, n in zip((x, act, weight), needs,
+                                                                   strict=True))
+
+
+@pytest.fixture
+def wrong_backends():
+    """A fast wrong backend (all zeros) and a slow-ish wrong one (weight read transposed)."""
+    def transposed(x, act, weight):
+        o, i, p = weight.shape
+        return listing1_forward(x, act, weight.reshape(o, p, i).transpose(1, 2).contiguous())
+
+    names = ["zeros_fast", "transposed"]
+    registry.register(registry.Backend("zeros_fast", _zeros_forward, _zeros_backward,
+                                       ("cpu",), "deliberately wrong: returns zeros"))
+    registry.register(registry.Backend("transposed", transposed, listing1_backward,
+                                       ("cpu",), "deliberately wrong: weight transposed"))
+    yield names
+    for name in names:
+        registry.unregister(name)
+
+
+def test_a_wrong_backend_is_flagged_and_never_wins(wrong_backends):
+    preset = Preset("gate", "", (Sweep("heads", ("A2",), "batch", (3,)),), ("float32",),
+                    passes=("forward", "both"), min_time_s=0.02, rounds=2, ceiling_time_s=0.02)
+    table = suite.run(preset, device="cpu", backends=["einsum", *wrong_backends],
+                      progress=False, log=lambda _: None).table
+    wrong = table[table["backend"].isin(wrong_backends)]
+    assert len(wrong) == 4
+    assert (wrong["status"] == "wrong").all() and (~wrong["correct"].astype(bool)).all()
+    assert (wrong["error_ratio"] > 1).all() and not wrong["winner"].any()
+    assert wrong["note"].str.contains("oracle").all()
+    # zeros are faster than einsum, yet einsum wins every case
+    assert table[table["backend"] == "einsum"]["winner"].all()
+
+
+def test_an_unavailable_backend_is_reported_with_its_reason():
+    registry.register(registry.Backend("unicorn", _zeros_forward, _zeros_backward, ("cpu",),
+                                       "needs a unicorn",
+                                       availability=lambda d: "no unicorn on this machine"))
+    messages = []
+    try:
+        names, unavailable = runner.select_backends(["torch", "unicorn"], CPU, messages.append)
+    finally:
+        registry.unregister("unicorn")
+    assert names == ["einsum", "torch"]  # the baseline joins
+    assert unavailable == {"unicorn": "no unicorn on this machine"}
+    assert any("unicorn" in m and "no unicorn on this machine" in m for m in messages)
+    with pytest.raises(ValueError, match="registered backends"):
+        runner.select_backends(["nope"], CPU)
+
+
+# ---------------------------------------------------------------- command line
+
+def test_cli_writes_everything_and_calls_the_pipeline(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(PRESETS, "tiny", Preset(
+        "tiny", "", (Sweep("heads", ("A2",), "batch", (2,)),), ("float32",),
+        passes=("forward",), min_time_s=0.01, rounds=2, ceiling_time_s=0.02))
+    calls = []
+    fake = types.ModuleType("bench.pipeline")
+    fake.run = lambda preset, out_dir: calls.append((preset, out_dir))
+    monkeypatch.setitem(sys.modules, "bench.pipeline", fake)
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name: object() if name == "bench.pipeline" else real_find_spec(name))
+    rc = cli.main(["--preset", "tiny", "--backends", "torch", "--no-progress", "--no-plots",
+                   "--out", str(tmp_path / "k"), "--pipeline-out", str(tmp_path / "p")])
+    assert rc == 0
+    assert (tmp_path / "k" / "results.csv").exists() and (tmp_path / "k" / "summary.md").exists()
+    assert calls == [("tiny", tmp_path / "p")]
+    assert "kernel suite" in capsys.readouterr().out
+
+
+def test_cli_pipeline_absent_is_a_message(monkeypatch, capsys):
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name: None if name == "bench.pipeline" else real_find_spec(name))
+    assert cli.run_pipeline("quick", cli.ROOT / "unused") is False
+    assert "not present" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_rejects_cuda_without_a_gpu_and_unknown_backends(capsys):
+    assert cli.main(["--suite", "kernels", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert cli.main(["--suite", "kernels", "--backends", "nope", "--device", "cpu"]) == 2
+    assert "registered backends" in capsys.readouterr().err
