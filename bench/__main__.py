@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -62,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
                    help="kernel suite output folder (default: reports/bench/<device>)")
     p.add_argument("--pipeline-out", type=Path, default=ROOT / "reports" / "pipeline",
                    help="pipeline output folder (default: reports/pipeline)")
+    p.add_argument("--history", type=Path, default=ROOT / "reports" / "history",
+                   help="append this run's record to this history (default: reports/history)")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not append a record to the history")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -105,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
         for path in output.files:
             print(f"  wrote {path}")
+        if not args.no_history:
+            from bench import history
+
+            results = json.loads((out / "results.json").read_text())
+            print(f"  appended {history.append(results, args.history)}")
+            if args.history == history.HISTORY_DIR:
+                from bench import dashboard
+
+                print(f"  wrote {dashboard.render(history.load())}")
     if args.suite in ("pipeline", "all"):
         run_pipeline(args.preset, args.pipeline_out)
     return 0

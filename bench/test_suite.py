@@ -16,7 +16,18 @@ import pytest
 import torch
 
 from bench import __main__ as cli
-from bench import ceilings, memory, plots, provenance, render, results, runner, suite, timing
+from bench import (
+    ceilings,
+    history,
+    memory,
+    plots,
+    provenance,
+    render,
+    results,
+    runner,
+    suite,
+    timing,
+)
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import Oracle
@@ -402,10 +413,13 @@ def test_cli_writes_everything_and_calls_the_pipeline(tmp_path, monkeypatch, cap
     monkeypatch.setattr(cli.importlib.util, "find_spec",
                         lambda name: object() if name == "bench.pipeline" else real_find_spec(name))
     rc = cli.main(["--preset", "tiny", "--backends", "torch", "--no-progress", "--no-plots",
-                   "--out", str(tmp_path / "k"), "--pipeline-out", str(tmp_path / "p")])
+                   "--out", str(tmp_path / "k"), "--pipeline-out", str(tmp_path / "p"),
+                   "--history", str(tmp_path / "h")])
     assert rc == 0
     assert (tmp_path / "k" / "results.csv").exists() and (tmp_path / "k" / "summary.md").exists()
     assert calls == [("tiny", tmp_path / "p")]
+    [record] = history.load(tmp_path / "h")
+    assert record.preset == "tiny" and {r["backend"] for r in record.rows} == {"einsum", "torch"}
     assert "kernel suite" in capsys.readouterr().out
 
 
