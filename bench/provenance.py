@@ -58,6 +58,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_id() -> str:
+    """The CPU's vendor family and model numbers ("AuthenticAMD family 26 model 2"): the
+    brand string alone does not tell CPU generations apart, and the gate's baselines must."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        return platform.machine()
+    if not fields:
+        return platform.machine()
+    return (f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}")
+
+
 def _gpu(device: torch.device) -> dict[str, object]:
     props = torch.cuda.get_device_properties(device)
     info: dict[str, object] = {
@@ -110,6 +131,7 @@ def collect(device: torch.device) -> dict[str, object]:
         "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                         else cpu_model()),
         "cpu_model": cpu_model(),
+        "cpu_id": cpu_id(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "load_average": load_average(),

@@ -104,6 +104,16 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
+def replace(backend: Backend) -> Backend:
+    """Swap the registered backend of the same name for `backend`, keeping its place; returns
+    the one it replaced (the regression gate's tests plant a slowed variant this way)."""
+    old = get(backend.name)
+    _REGISTRY[backend.name] = backend
+    for key in [k for k in _AVAILABILITY if k[0] == backend.name]:
+        del _AVAILABILITY[key]
+    return old
+
+
 def unregister(name: str) -> None:
     """Remove a backend (tests register deliberately wrong ones and remove them)."""
     _REGISTRY.pop(name, None)
