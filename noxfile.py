@@ -1,5 +1,6 @@
 """Sessions: `nox -s tests` (the correctness suite), `nox -s lint`, `nox -s bench`,
-`nox -s cuda_check` (nvcc compile check of the CUDA kernels, no GPU needed).
+`nox -s gate` (the regression gate), `nox -s dashboard`, `nox -s cuda_check` (nvcc compile
+check of the CUDA kernels, no GPU needed).
 
 Each session makes its own virtual environment and installs everything into it, so a fresh
 machine needs only nox. $GLAI_TORCH says which torch to install first (default
@@ -48,6 +49,23 @@ def bench(session: nox.Session) -> None:
     `nox -s bench -- --preset quick|default|full --backends ... --device ...`."""
     _install(session, "bench")
     session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session
+def gate(session: nox.Session) -> None:
+    """The regression gate: time the quick preset and compare its same-run ratios with the
+    committed baseline for this kind of machine (reports/baseline/). `nox -s gate -- accept`
+    measures 10 runs and writes a new baseline on purpose; `-- check --plant torch=1.25`
+    shows it failing on a planted slowdown."""
+    _install(session, "bench")
+    session.run("python", "-m", "bench.gate", *(session.posargs or ["check"]))
+
+
+@nox.session
+def dashboard(session: nox.Session) -> None:
+    """Render reports/dashboard/index.html from the history in reports/history/."""
+    _install(session, "bench")
+    session.run("python", "-m", "bench.dashboard", *session.posargs)
 
 
 @nox.session
