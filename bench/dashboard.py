@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench import history
+from bench.sweeps import PAPER_BATCHES
 from glai_kernels.heads import PAPER_HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +42,24 @@ def _run_label(record_row: pd.Series) -> str:
     return f"{str(record_row['commit'])[:7]}\n{str(record_row['date'])[5:16]}"
 
 
+def _is_paper_shape(row) -> bool:
+    """The head's own I, P, O at the paper's batches (the sweeps around it vary one axis)."""
+    head = PAPER_HEADS.get(row.head)
+    if head is None:
+        return False
+    shape = head.shape(1)
+    return (row.batch in PAPER_BATCHES and
+            (row.inputs, row.paths, row.outputs) == (shape.inputs, shape.paths, shape.outputs))
+
+
 def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
     """PNG data URL: rows = metrics, columns = heads; x = runs in order, a line per backend/batch.
 
     `df`: the history frame of one machine, dtype and pass; `runs`: that machine's runs in order
     (columns run, commit, date).
     """
+    df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs"]]
+             .itertuples(index=False)]]
     heads = [h for h in PAPER_HEADS if h in set(df["head"])]
     backends = sorted(set(df["backend"]), key=lambda b: (b != "einsum", b))
     colors = {b: plt.get_cmap("tab10")(i % 10) for i, b in enumerate(backends)}
@@ -106,7 +119,7 @@ def latest_table(df: pd.DataFrame) -> str:
     """HTML rows of the latest run of each machine (every measurement)."""
     out = []
     for machine, sub in df.groupby("machine"):
-        last = sub[sub["run"] == sub["run"].max()]
+        last = sub[sub["run"] == sub["run"].max()].drop_duplicates(list(history.ROW_KEY))
         for _, r in last.sort_values(["dtype", "pass", "head", "batch", "backend"]).iterrows():
             cls = ' class="winner"' if r["winner"] is True else ""
             time_ms = r["median_s"] * 1e3 if pd.notna(r["median_s"]) else None
@@ -139,6 +152,16 @@ def _options(name: str, values: list[str]) -> str:
             f'<option value="">all</option>{opts}</select></label>')
 
 
+DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
+PASS_ORDER = ("both", "train", "forward", "backward")
+
+
+def _order(dtype: str, pass_: str) -> tuple[int, int]:
+    """float32 and forward+backward first: what a reader looks for first."""
+    rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
+    return rank.get(dtype, len(rank)), {p: i for i, p in enumerate(PASS_ORDER)}.get(pass_, 9)
+
+
 def render(records: list[history.Record], out: Path = OUT) -> Path:
     """Write the dashboard for `records` (oldest first) to `out`; returns `out`."""
     df = history.frame(records)
@@ -158,12 +181,15 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
                                                             strict=True)))
         mdf = df.loc[mdf.index]
         ok = mdf[mdf["status"] == "ok"]
-        for (dtype, pass_), sub in ok.groupby(["dtype", "pass"]):
+        for (dtype, pass_), sub in sorted(
+                ok.groupby(["dtype", "pass"]),
+                key=lambda item: (*_order(*item[0]), *item[0])):
             title = f"{machine} · {dtype} · {pass_}"
             figures.append(
                 f'<figure {_attrs(machine=machine, dtype=dtype, pass_=pass_)}>'
-                f'<img class="plot" alt="{html.escape(title)}" src="{trend_figure(sub, runs)}">'
-                f"<figcaption>{html.escape(title)}: {len(runs)} runs</figcaption></figure>")
+                f"<figcaption><h3>{html.escape(title)}</h3> {len(runs)} runs, oldest left"
+                f'</figcaption><img class="plot" alt="{html.escape(title)}" '
+                f'src="{trend_figure(sub, runs)}"></figure>')
     values = {k: sorted(set(map(str, df[k]))) for k in ("machine", "dtype", "pass")}
     page = TEMPLATE.format(
         generated=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -182,6 +208,7 @@ TEMPLATE = """<!doctype html>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 figure {{ margin: 1em 0; }} img.plot {{ max-width: 100%; border: 1px solid #ddd; }}
+figcaption h3 {{ display: inline; margin-right: .5em; }}
 table {{ border-collapse: collapse; font-size: 12px; }}
 td, th {{ border: 1px solid #ddd; padding: 2px 6px; text-align: right; }}
 tr.winner td {{ background: #e8f5e9; font-weight: 600; }}
