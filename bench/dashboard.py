@@ -292,9 +292,10 @@ function report() {
   document.body.dataset.errors = errors.join(" | ");
 }
 
-async function check() {
+function check() {
+  // runs on "load": every image has loaded (or failed) by then, so this is synchronous and
+  // done before a headless browser dumps the page
   const imgs = Array.from(document.querySelectorAll("img.plot"));
-  await Promise.all(imgs.map((img) => img.decode().catch((e) => errors.push("plot: " + e))));
   let blank = 0;
   for (const img of imgs) {
     if (!img.naturalWidth || isBlank(img)) blank += 1;
@@ -308,7 +309,9 @@ async function check() {
 for (const f of filters) f.addEventListener("change", applyFilters);
 fromHash();
 applyFilters();
-check().catch((e) => { errors.push(String(e)); report(); });
+window.addEventListener("load", () => {
+  try { check(); } catch (e) { errors.push(String(e)); report(); }
+});
 """
 
 

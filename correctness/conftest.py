@@ -68,3 +68,12 @@ def backend_device(request) -> tuple[str, str]:
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: runs on a CUDA device")
     config.addinivalue_line("markers", "slow: a long case (the paper's large heads)")
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for one test, restored after."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)

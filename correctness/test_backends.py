@@ -109,14 +109,6 @@ def test_gradcheck_float64(backend_device):
         lambda x, a, w, b: glai_kernels.estimator(x, a, w, b, backend=name), args)
 
 
-@pytest.fixture
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
-
-
 def test_deterministic_mode_repeats_bitwise(backend_device, deterministic):
     """With deterministic algorithms on, a second call gives the same bits, forward and
     backward (no stale state, no order-dependent reduction)."""

@@ -70,14 +70,6 @@ def forced(forward: ForwardConfig | None = None, weight: GradWeightConfig | None
 
 
 @pytest.fixture
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
-
-
-@pytest.fixture
 def slice_sums(monkeypatch):
     """Records (slices, workspace dtype, result dtype) of every fixed-order reduction."""
     calls = []
