@@ -20,6 +20,10 @@ from it, |log(run / median)|. Two checks:
   baseline runs, at least `group_floor`. A slower backend slows all its cases, which moves the
   median by the full amount; noise in one or two cases (a stall, the oracle's bimodal
   allocation time) does not.
+
+Every comparison is reported; what can fail the gate is `gated`: speedups (case and group) and
+the oracle's own roofline share (group). A failure is re-measured `confirm` times and judged on
+the best value each ratio reached, so only a slowdown present in every run fails.
 """
 
 from __future__ import annotations
@@ -163,8 +167,8 @@ def load_baseline(machine: str, baseline_dir: Path = BASELINE_DIR) -> dict | Non
 
 @dataclass
 class Verdict:
-    """The comparison: `table` has a row per gated (case or group, metric); `failed` holds
-    the rows that tripped."""
+    """The comparison: `table` has a row per compared (case or group, metric), `gated` saying
+    whether it can fail the gate; `failed` holds the gated rows beyond their thresholds."""
 
     table: pd.DataFrame
     missing: list[str]
