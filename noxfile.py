@@ -54,9 +54,10 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def gate(session: nox.Session) -> None:
     """The regression gate: time the quick preset and compare its same-run ratios with the
-    committed baseline for this kind of machine (reports/baseline/). `nox -s gate -- accept`
-    measures 10 runs and writes a new baseline on purpose; `-- check --plant torch=1.25`
-    shows it failing on a planted slowdown."""
+    committed baseline for this kind of machine (reports/baseline/), re-measuring a failure
+    up to twice, each run a fresh process. `nox -s gate -- accept` measures 10 fresh-process
+    runs and writes a new baseline on purpose; `-- check --plant torch=1.25` shows it failing
+    on a planted slowdown."""
     _install(session, "bench")
     session.run("python", "-m", "bench.gate", *(session.posargs or ["check"]))
 
