@@ -78,9 +78,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     names, unavailable = select_backends(backends, dev, log)
     info = provenance.collect(dev)
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
+        hint = "; --threads 1 suffers least from it" if torch.get_num_threads() > 1 else ""
         log(f"note: load average {info['load_average']} on {info['cpu_count']} cores: other "
-            f"work shares this CPU, so timings will be noisy (ratios less so; --threads 1 "
-            f"suffers least from it)")
+            f"work shares this CPU, so timings will be noisy (ratios less so{hint})")
     run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
     log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
         f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
