@@ -40,7 +40,6 @@ all cores, reports that, and the dashboard shows it).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
@@ -53,7 +52,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.history import _slug, write_atomic
+from bench.history import slug, write_atomic
+from bench.planted import from_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE_DIR = ROOT / "reports" / "baseline"
@@ -99,7 +99,7 @@ def machine_kind(provenance: dict) -> str:
     kind = provenance["machine"]
     if provenance.get("device", "cpu") == "cpu":
         kind += f"-{provenance.get('cpu_id', 'unknown-cpu')}"
-    return _slug(kind)
+    return slug(kind)
 
 
 def build_baseline(runs: list[dict], *, margin: float = 1.5, case_floor: float = 0.10,
@@ -179,7 +179,7 @@ def run_tables(baseline: dict) -> list[pd.DataFrame]:
 
 
 def baseline_path(machine: str, baseline_dir: Path = BASELINE_DIR) -> Path:
-    return baseline_dir / f"{_slug(machine)}.json"
+    return baseline_dir / f"{slug(machine)}.json"
 
 
 def write_baseline(baseline: dict, baseline_dir: Path = BASELINE_DIR) -> Path:
@@ -278,7 +278,7 @@ def _drop(threshold: float) -> str:
 def report(verdict: Verdict, baseline: dict, *, limit: int = 40) -> str:
     """A Markdown table of what regressed (or a one-line all-clear), with the noise beside it."""
     n_case = int((verdict.table["level"] == "case").sum())
-    head = (f"regression gate against reports/baseline/{_slug(baseline['machine'])}.json "
+    head = (f"regression gate against reports/baseline/{slug(baseline['machine'])}.json "
             f"({baseline['n_runs']} baseline runs; thresholds {baseline['margin']}× the largest "
             f"spread seen, at least {100 * baseline['case_floor']:.0f}% per case and "
             f"{100 * baseline['group_floor']:.0f}% per backend)")
@@ -364,19 +364,9 @@ def measure_fresh(preset: str = "quick", *, device: str | None = None,
         return json.loads(out.read_text())
 
 
-@contextlib.contextmanager
-def planted_from(spec: str | None):
-    """`--plant BACKEND=FACTOR` as a context manager (no-op for None)."""
-    if not spec:
-        yield
-        return
-    from bench.planted import slowed
-
-    name, sep, factor = spec.partition("=")
-    if not sep:
-        raise ValueError(f"--plant: expected BACKEND=FACTOR (e.g. torch=1.25), got {spec!r}")
-    with slowed(name, float(factor)):
-        yield
+def save_run(path: Path, result: dict) -> None:
+    """One run's results.json dict, written atomically."""
+    write_atomic(path, json.dumps(result, default=str) + "\n")
 
 
 def best_of(runs: list[dict]) -> pd.DataFrame:
@@ -402,7 +392,7 @@ def check(results: dict | None = None, *, baseline_dir: Path = BASELINE_DIR,
     def measure_once() -> dict:
         if fresh:
             return measure_fresh(getattr(preset, "name", preset), device=device, plant=plant)
-        with planted_from(plant):
+        with from_spec(plant):
             return measure(preset, device=device, log=log, **options)
 
     def run() -> dict:
@@ -410,7 +400,7 @@ def check(results: dict | None = None, *, baseline_dir: Path = BASELINE_DIR,
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
             path = save_dir / f"gate-run-{len(list(save_dir.glob('gate-run-*.json'))) + 1}.json"
-            write_atomic(path, json.dumps(result, default=str) + "\n")
+            save_run(path, result)
         return result
 
     runs = [results if results is not None else run()]
@@ -506,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "measure":
         if args.plant:
             print(f"planted: backend slowed, {args.plant}")
-        with planted_from(args.plant):
+        with from_spec(args.plant):
             result = measure(args.preset, device=args.device)
-        write_atomic(args.out, json.dumps(result, default=str) + "\n")
+        save_run(args.out, result)
         return 0
     if args.command == "check":
         results = json.loads(args.results.read_text()) if args.results else None

@@ -82,7 +82,7 @@ def make_record(results: dict) -> dict:
     }
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "unknown"
 
 
@@ -90,7 +90,7 @@ def record_name(record: dict) -> str:
     """`<date>-<commit[:12]>-<preset>.json`, dates sortable (20261122T031500Z)."""
     date = re.sub(r"[^0-9T]", "", record["date"][:19]) + "Z"
     commit = record["commit"][:12] + ("-dirty" if record["commit"].endswith("-dirty") else "")
-    return f"{date}-{_slug(commit)}-{_slug(record['preset'])}.json"
+    return f"{date}-{slug(commit)}-{slug(record['preset'])}.json"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -112,7 +112,7 @@ def write_atomic(path: Path, text: str) -> None:
 def append(results: dict, history_dir: Path = HISTORY_DIR) -> Path:
     """Add one run's record to the history; returns its path. Never overwrites a record."""
     record = make_record(results)
-    folder = history_dir / _slug(record["machine"])
+    folder = history_dir / slug(record["machine"])
     path = folder / record_name(record)
     n = 1
     while path.exists():  # two runs in the same second of the same commit

@@ -2,6 +2,8 @@
 
     with slowed("torch", 1.25):       # every call of the torch backend takes 25% longer
         ...run the quick preset...
+    with from_spec("torch=1.25"):     # the same, from the gate's --plant argument
+        ...
 
 The variant computes the same result, then busy-waits (factor - 1) × the time the real call
 took, so the slowdown is the stated fraction of the backend's own time at every shape, as a
@@ -56,3 +58,16 @@ def slowed(name: str, factor: float) -> Iterator[registry.Backend]:
         yield variant
     finally:
         registry.replace(original)
+
+
+@contextmanager
+def from_spec(spec: str | None) -> Iterator[registry.Backend | None]:
+    """`slowed` from a "BACKEND=FACTOR" string (the gate's `--plant`); no-op for None."""
+    if not spec:
+        yield None
+        return
+    name, sep, factor = spec.partition("=")
+    if not sep:
+        raise ValueError(f"--plant: expected BACKEND=FACTOR (e.g. torch=1.25), got {spec!r}")
+    with slowed(name, float(factor)) as variant:
+        yield variant

@@ -229,14 +229,14 @@ def test_check_re_measures_in_fresh_processes_until_a_run_passes(tmp_path, monke
 
 
 def test_plant_spec_is_checked():
-    with gate.planted_from("torch=1.5"):
+    with planted.from_spec("torch=1.5"):
         assert "slowed 1.5x" in registry.get("torch").description
     assert "slowed" not in registry.get("torch").description
     with pytest.raises(ValueError, match="--plant: expected BACKEND=FACTOR"), \
-            gate.planted_from("torch"):
+            planted.from_spec("torch"):
         pass
     with pytest.raises(ValueError, match="unknown estimator backend"), \
-            gate.planted_from("nonesuch=1.5"):
+            planted.from_spec("nonesuch=1.5"):
         pass
 
 
@@ -300,7 +300,7 @@ def test_real_timings_gate_fails_on_a_planted_slowdown(tmp_path):
         passed, text = gate.check(baseline_dir=tmp_path, preset=SMALL, device="cpu",
                                   backends=["einsum", "torch"], log=log.append)
     assert not passed, text
-    assert "| group | torch |" in text
+    assert "| group | torch |" in text, text
 
 
 # ---------------------------------------------------------------- hold-out validation
