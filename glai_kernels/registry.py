@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -57,6 +58,8 @@ class Backend:
     `auto_priority` maps a device type to this backend's rank when "auto" chooses (highest
     wins; a device type not listed is never chosen by auto). A backend with
     `forward_saving` also gives `saved_shape`, the shape of what it saves, for fake tensors.
+    `baseline` marks the one backend of an op that benchmarks time every other against in the
+    same run (the dense op's is `einsum`, the paper's Listing 1).
     """
 
     name: str
@@ -69,6 +72,8 @@ class Backend:
     availability: Callable[[str], str | None] = device_present
     forward_saving: ForwardSavingFn | None = None
     saved_shape: Callable[[Shape], tuple[int, ...]] | None = None
+    baseline: bool = False
+    op: str = field(default="", compare=False)  # set by the registry it is registered in
 
     def unsupported_reason(self, device_type: str, dtype: torch.dtype | None = None) -> str | None:
         """Why this backend cannot take tensors of this device type and dtype, or None."""
@@ -76,100 +81,145 @@ class Backend:
             return f"runs on {', '.join(self.devices)}, not {device_type}"
         if dtype is not None and dtype not in self.dtypes:
             return f"supports {', '.join(str(d) for d in self.dtypes)}, not {dtype}"
-        return _availability(self.name, device_type)
+        return Registry.of(self.op).availability(self.name, device_type)
 
 
-_REGISTRY: dict[str, Backend] = {}
-_AVAILABILITY: dict[tuple[str, str], str | None] = {}
+_AVAILABILITY: dict[tuple[str, str, str], str | None] = {}
 
 
 @torch._dynamo.assume_constant_result
-def _availability(name: str, device_type: str) -> str | None:
-    """The backend's availability on a device type, asked once per process.
+def _availability(op: str, name: str, device_type: str) -> str | None:
+    """A backend's availability on a device type, asked once per process.
 
     Checks may build an extension or look for a compiler, which should happen once, and
     which torch.compile cannot trace: it takes the answer as a constant instead.
     """
-    key = (name, device_type)
+    key = (op, name, device_type)
     if key not in _AVAILABILITY:
-        _AVAILABILITY[key] = _REGISTRY[name].availability(device_type)
+        _AVAILABILITY[key] = Registry.of(op).get(name).availability(device_type)
     return _AVAILABILITY[key]
 
 
-def register(backend: Backend) -> Backend:
-    """Add a backend; its name must be new and not the reserved word "auto"."""
-    if backend.name == AUTO or backend.name in _REGISTRY:
-        raise ValueError(f"backend name {backend.name!r} is reserved or already registered")
-    _REGISTRY[backend.name] = backend
-    return backend
+class Registry:
+    """The backends of one op, by name (the dense estimator's is `ESTIMATOR`; the sparse
+    kept-path estimator has its own). Selection is the same for every op: the `backend=`
+    argument, else $GLAI_BACKEND, else "auto"."""
 
+    _BY_OP: ClassVar[dict[str, Registry]] = {}
 
-def replace(backend: Backend) -> Backend:
-    """Swap the registered backend of the same name for `backend`, keeping its place; returns
-    the one it replaced (the regression gate's tests plant a slowed variant this way)."""
-    old = get(backend.name)
-    _REGISTRY[backend.name] = backend
-    for key in [k for k in _AVAILABILITY if k[0] == backend.name]:
-        del _AVAILABILITY[key]
-    return old
+    def __init__(self, op: str) -> None:
+        if op in Registry._BY_OP:
+            raise ValueError(f"a registry for op {op!r} already exists")
+        self.op = op
+        self._backends: dict[str, Backend] = {}
+        Registry._BY_OP[op] = self
 
+    @classmethod
+    def of(cls, op: str) -> Registry:
+        return cls._BY_OP[op]
 
-def unregister(name: str) -> None:
-    """Remove a backend (tests register deliberately wrong ones and remove them)."""
-    _REGISTRY.pop(name, None)
-    for key in [k for k in _AVAILABILITY if k[0] == name]:
-        del _AVAILABILITY[key]
+    def availability(self, name: str, device_type: str) -> str | None:
+        return _availability(self.op, name, device_type)
 
+    def _forget(self, name: str) -> None:
+        for key in [k for k in _AVAILABILITY if k[:2] == (self.op, name)]:
+            del _AVAILABILITY[key]
 
-def names() -> list[str]:
-    """Registered backend names, in registration order."""
-    return list(_REGISTRY)
+    def register(self, backend: Backend) -> Backend:
+        """Add a backend; its name must be new and not the reserved word "auto"."""
+        if backend.name == AUTO or backend.name in self._backends:
+            raise ValueError(f"backend name {backend.name!r} is reserved or already registered")
+        if backend.baseline and any(b.baseline for b in self._backends.values()):
+            raise ValueError(f"{self.op} already has a baseline backend ({self.baseline().name})")
+        object.__setattr__(backend, "op", self.op)
+        self._backends[backend.name] = backend
+        return backend
 
+    def replace(self, backend: Backend) -> Backend:
+        """Swap the registered backend of the same name for `backend`, keeping its place;
+        returns the one it replaced (the regression gate's tests plant a slowed variant)."""
+        old = self.get(backend.name)
+        object.__setattr__(backend, "op", self.op)
+        self._backends[backend.name] = backend
+        self._forget(backend.name)
+        return old
 
-def get(name: str) -> Backend:
-    """The backend called `name`; an unknown name raises listing the registered ones."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join([AUTO, *sorted(_REGISTRY)])
-        raise ValueError(
-            f"unknown estimator backend {name!r}; registered backends: {known}") from None
+    def unregister(self, name: str) -> None:
+        """Remove a backend (tests register deliberately wrong ones and remove them)."""
+        self._backends.pop(name, None)
+        self._forget(name)
 
+    def names(self) -> list[str]:
+        """Registered backend names, in registration order."""
+        return list(self._backends)
 
-def requested_name(backend: str | None = None) -> str:
-    """The name asked for: the argument, else $GLAI_BACKEND, else "auto"."""
-    name = backend if backend is not None else os.environ.get(ENV_VAR, "") or AUTO
-    if name != AUTO:
-        get(name)  # validate early, whatever the tensors
-    return name
+    def backends(self) -> list[Backend]:
+        return list(self._backends.values())
 
+    def get(self, name: str) -> Backend:
+        """The backend called `name`; an unknown name raises listing the registered ones."""
+        try:
+            return self._backends[name]
+        except KeyError:
+            known = ", ".join([AUTO, *sorted(self._backends)])
+            raise ValueError(f"unknown {self.op} backend {name!r}; "
+                             f"registered backends: {known}") from None
 
-def pick_auto(device_type: str, dtype: torch.dtype) -> Backend:
-    """The available backend with the highest auto priority for this device type and dtype."""
-    candidates = [
-        b for b in _REGISTRY.values()
-        if device_type in b.auto_priority and b.unsupported_reason(device_type, dtype) is None
-    ]
-    if not candidates:
-        raise RuntimeError(f"no estimator backend is available for {device_type} {dtype}; "
-                           f"see glai_kernels.backends()")
-    return max(candidates, key=lambda b: b.auto_priority[device_type])
+    def baseline(self) -> Backend:
+        """The backend every same-run speedup is measured against (for the dense op, the
+        paper's Listing 1)."""
+        for b in self._backends.values():
+            if b.baseline:
+                return b
+        raise LookupError(f"no baseline backend is registered for {self.op}")
 
+    def requested_name(self, backend: str | None = None) -> str:
+        """The name asked for: the argument, else $GLAI_BACKEND, else "auto"."""
+        name = backend if backend is not None else os.environ.get(ENV_VAR, "") or AUTO
+        if name != AUTO:
+            self.get(name)  # validate early, whatever the tensors
+        return name
 
-def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
-    """The backend that will run for tensors on `device` of `dtype`.
+    def pick_auto(self, device_type: str, dtype: torch.dtype) -> Backend:
+        """The available backend with the highest auto priority for this device and dtype."""
+        candidates = [
+            b for b in self._backends.values()
+            if device_type in b.auto_priority
+            and b.unsupported_reason(device_type, dtype) is None
+        ]
+        if not candidates:
+            raise RuntimeError(f"no {self.op} backend is available for {device_type} {dtype}; "
+                               f"see glai_kernels.backends()")
+        return max(candidates, key=lambda b: b.auto_priority[device_type])
 
-    Raises ValueError for an unknown name and RuntimeError, with the reason, for a backend
-    that cannot run these tensors here.
-    """
-    name = requested_name(backend)
-    if name == AUTO:
-        return pick_auto(device.type, dtype)
-    chosen = get(name)
-    reason = chosen.unsupported_reason(device.type, dtype)
-    if reason is not None:
-        raise RuntimeError(f"estimator backend {name!r} cannot run {dtype} on {device}: {reason}")
-    return chosen
+    def resolve(self, backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
+        """The backend that will run for tensors on `device` of `dtype`.
+
+        Raises ValueError for an unknown name and RuntimeError, with the reason, for a
+        backend that cannot run these tensors here.
+        """
+        name = self.requested_name(backend)
+        if name == AUTO:
+            return self.pick_auto(device.type, dtype)
+        chosen = self.get(name)
+        reason = chosen.unsupported_reason(device.type, dtype)
+        if reason is not None:
+            raise RuntimeError(
+                f"{self.op} backend {name!r} cannot run {dtype} on {device}: {reason}")
+        return chosen
+
+    def statuses(self) -> list[BackendStatus]:
+        """Availability of every registered backend on every device type it declares."""
+        return [
+            BackendStatus(
+                name=b.name,
+                description=b.description,
+                dtypes=tuple(str(d).removeprefix("torch.") for d in b.dtypes),
+                devices={d: self.availability(b.name, d) for d in b.devices},
+                auto_priority=dict(b.auto_priority),
+            )
+            for b in self._backends.values()
+        ]
 
 
 @dataclass(frozen=True)
@@ -193,15 +243,17 @@ class BackendStatus:
         return f"{self.name:8s} {where} -- {self.description}"
 
 
-def statuses() -> list[BackendStatus]:
-    """Availability of every registered backend on every device type it declares."""
-    return [
-        BackendStatus(
-            name=b.name,
-            description=b.description,
-            dtypes=tuple(str(d).removeprefix("torch.") for d in b.dtypes),
-            devices={d: _availability(b.name, d) for d in b.devices},
-            auto_priority=dict(b.auto_priority),
-        )
-        for b in _REGISTRY.values()
-    ]
+ESTIMATOR = Registry("estimator")
+"""The dense estimator's backends (glai_kernels/backends/)."""
+
+# The dense registry's methods under the names every caller has used.
+register = ESTIMATOR.register
+replace = ESTIMATOR.replace
+unregister = ESTIMATOR.unregister
+names = ESTIMATOR.names
+get = ESTIMATOR.get
+baseline = ESTIMATOR.baseline
+requested_name = ESTIMATOR.requested_name
+pick_auto = ESTIMATOR.pick_auto
+resolve = ESTIMATOR.resolve
+statuses = ESTIMATOR.statuses

@@ -9,4 +9,5 @@ register(Backend(
     backward=listing1_backward,
     devices=("cpu", "cuda"),
     description="the paper's Listing 1 (two einsums, materialises [B, I, P]); the oracle",
+    baseline=True,
 ))
