@@ -1,6 +1,9 @@
-"""The oracles every backend is judged against, in plain PyTorch.
+"""The oracles every backend is judged against, in plain PyTorch (the tests' package, not
+installed).
 
-- `listing1`: the paper's Listing 1 (two einsums) and the gradients its autograd computes.
+- `listing1_forward`/`listing1_backward`: the paper's Listing 1 (two einsums) and the
+  gradients its autograd computes; they live in the library as the `einsum` backend
+  (glai_kernels/backends/einsum.py) and are re-exported here.
 - `float64`: SPEC §1's forward and gradient formulas, written out, evaluated in float64,
   with the matching sums of absolute values that scale each dtype's tolerance.
 - `loops`: literal loops after the paper's Listings 2 and 3, for tiny sizes: a second,
@@ -9,9 +12,9 @@
 - `tolerance`: the one per-dtype tolerance table and the closeness check built on it.
 """
 
+from glai_kernels.backends.einsum import listing1_backward, listing1_forward
 from reference.float64 import Gradients, abs_forward64, abs_grads64, forward64, grads64
 from reference.inputs import Inputs, make_inputs
-from reference.listing1 import listing1_backward, listing1_forward
 from reference.loops import loops_backward, loops_forward
 from reference.tolerance import TOLERANCE, is_close, tolerance, worst_error
 

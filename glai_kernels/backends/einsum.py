@@ -1,13 +1,58 @@
-"""`einsum`: the paper's Listing 1, the oracle. Materialises [B, I, P]; never picked by auto."""
+"""`einsum`: the paper's Listing 1, the baseline every speedup is measured against.
+
+Materialises outer [B, I, P] and contracts it with weight; never picked by auto.
+`listing1_backward` is what autograd computes through those two einsums, written out so it
+can run inside a custom op's backward. The tests' oracle package (`reference/`, not
+installed) re-exports both.
+"""
+
+from __future__ import annotations
+
+import torch
 
 from glai_kernels.registry import Backend, register
-from reference import listing1_backward, listing1_forward
+
+
+def listing1_forward(
+    x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [B, I], act [B, P], weight [O, I, P], bias [O] or None -> y [B, O]."""
+    outer = torch.einsum("bi,bs->bis", x, act)
+    y = torch.einsum("bis,ois->bo", outer, weight)
+    return y if bias is None else y + bias
+
+
+def listing1_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    weight: torch.Tensor,
+    needs: tuple[bool, bool, bool] = (True, True, True),
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), each only where needed.
+
+    As autograd through Listing 1 does: d_outer [B, I, P] = dy · weight, then reduce it
+    against act (for dx) and x (for dact); dweight contracts dy with outer.
+    """
+    need_x, need_act, need_weight = needs
+    dx = dact = dweight = None
+    if need_x or need_act:
+        d_outer = torch.einsum("bo,ois->bis", dy, weight)
+        if need_x:
+            dx = torch.einsum("bis,bs->bi", d_outer, act)
+        if need_act:
+            dact = torch.einsum("bis,bi->bs", d_outer, x)
+    if need_weight:
+        outer = torch.einsum("bi,bs->bis", x, act)
+        dweight = torch.einsum("bo,bis->ois", dy, outer)
+    return dx, dact, dweight
+
 
 register(Backend(
     name="einsum",
     forward=listing1_forward,
     backward=listing1_backward,
     devices=("cpu", "cuda"),
-    description="the paper's Listing 1 (two einsums, materialises [B, I, P]); the oracle",
+    description="the paper's Listing 1 (two einsums, materialises [B, I, P]); the baseline",
     baseline=True,
 ))
