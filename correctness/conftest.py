@@ -5,43 +5,19 @@ Every registered backend runs on every device it declares; a device this machine
 same command runs everything on a GPU machine. `GLAI_BACKEND=name pytest correctness/`
 restricts the backend-parametrised tests to that backend.
 
-Triton's interpreter must be chosen before any `@triton.jit` module is imported, so on a
-machine without CUDA this file turns it on before glai_kernels is imported.
+The repository's root conftest.py turns on Triton's interpreter on a machine without CUDA
+(it must be chosen before glai_kernels is imported, which bench/conftest.py may do first).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
-# Triton's interpreter runs tl.dot through numpy, whose OpenBLAS threads spin against
-# torch's on a small shared machine: measured here, the triton backend's share of the suite
-# took 93 s with them and 41 s with one. Set before torch imports numpy; torch's own BLAS
-# (MKL on x86) is not affected.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import pytest
+import torch
+from backends_under_test import backends_under_test
 
-import glai_kernels
 from glai_kernels import registry
 
 DEVICES = ("cpu", "cuda")
-
-
-def backends_under_test() -> list[str]:
-    chosen = os.environ.get(registry.ENV_VAR)
-    if chosen and chosen != registry.AUTO:
-        registry.get(chosen)  # an unknown name fails loudly, listing the registered ones
-        return [chosen]
-    return [s.name for s in glai_kernels.backends()]
 
 
 def backend_device_params() -> list:

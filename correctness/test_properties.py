@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import torch
+from backends_under_test import backends_under_test
 from checker import check
-from conftest import backends_under_test
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
