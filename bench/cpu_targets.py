@@ -1,6 +1,6 @@
 """The C++ extension's CPU targets (issue 7), measured in one run; exits 1 if one misses.
 
-    PYTHONPATH=. python bench/cpu_targets.py [--rounds 7] [--threads N]
+    python -m bench.cpu_targets [--rounds 7] [--threads N]
 
 Targets, each a ratio of times (or rates) taken in the same round, rounds interleaving the
 contenders (A B C A B C ...) so that load from other processes hits them alike; the verdict
@@ -24,15 +24,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
 import glai_kernels
 from glai_kernels.backends import extension
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
 
 FORWARD_FRACTION = 0.9

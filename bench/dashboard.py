@@ -30,7 +30,7 @@ import pandas as pd
 
 from bench import history
 from bench.sweeps import PAPER_BATCHES
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "dashboard" / "index.html"

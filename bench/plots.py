@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm, TwoSlopeNorm
 
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 DPI = 100
 MARKERS = {"forward": "o", "backward": "s", "both": "^", "train": "D"}

@@ -1,6 +1,6 @@
 """Roofline PREDICTIONS for the paper's heads on A100 and H100, from datasheet peaks.
 
-Nothing here is measured. For each head (glai_kernels.heads.PAPER_HEADS), batch size, GPU
+Nothing here is measured. For each head (glai_kernels.paper_heads.PAPER_HEADS), batch size, GPU
 and precision:
 
     floor = max(Shape.flops(pass) / peak FLOP/s, Shape.min_bytes(itemsize, pass) / HBM bandwidth)
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from glai_kernels.contract import Pass
-from glai_kernels.heads import PAPER_HEADS, PaperHead
+from glai_kernels.paper_heads import PAPER_HEADS, PaperHead
 
 LABEL = "prediction, datasheet peaks, not measured"
 

@@ -32,7 +32,7 @@ from bench.sweeps import Case, Preset, expand
 from bench.timing import Timing, time_cuda, time_interleaved
 from glai_kernels import registry
 from glai_kernels.contract import Shape
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
 
 BASELINE = "einsum"

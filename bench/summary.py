@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 

@@ -24,10 +24,12 @@ from bench.passes import PASSES, dtype_of, make_call
 from bench.runner import make_sets
 from bench.sweeps import PRESETS, Case, expand
 from glai_kernels import registry
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.glai.paper_training import paper_training
+from glai_kernels.paper_heads import PAPER_HEADS
 
 DEFAULT_CASES = [
-    Case("heads", head, PAPER_HEADS[head].shape(PAPER_HEADS[head].batch_size), "float32",
+    Case("heads", head, PAPER_HEADS[head].shape(paper_training(PAPER_HEADS[head]).batch_size),
+         "float32",
          ("forward", "both"))
     for head in ("A1", "C2")
 ]

@@ -82,14 +82,15 @@ def test_a_writer_killed_midway_leaves_the_history_intact(tmp_path):
     """SIGKILL after the new record's bytes are written but before the rename."""
     kept = history.append(results(), tmp_path)
     script = textwrap.dedent(f"""
-        import os, signal, sys
-        sys.path.insert(0, {str(ROOT)!r})
+        import os, signal
         from bench import history
         from bench.test_history import results
         os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
         history.append(results(commit="c" * 40), history.Path({str(tmp_path)!r}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    # `python -c` puts its working directory first on sys.path: the repository, for `bench`
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
+                          cwd=ROOT)
     assert proc.returncode == -9, proc.stderr.decode()
     leftovers = [p.name for p in (tmp_path / "cpu-2core").iterdir()]
     assert any(n.startswith(".tmp-") for n in leftovers)  # the killed write's partial file

@@ -35,7 +35,7 @@ from bench.passes import PASSES, make_call
 from bench.sweeps import PAPER_BATCHES, PRESETS, Preset, Sweep, expand
 from glai_kernels import registry
 from glai_kernels.contract import Shape
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 from reference import listing1_backward, listing1_forward
 
 CPU = torch.device("cpu")

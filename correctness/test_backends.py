@@ -7,7 +7,7 @@ import torch
 from checker import Layout, check
 
 import glai_kernels
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["f32", "f64", "f16", "bf16"]

@@ -7,7 +7,7 @@ import torch
 from glai_models import random_mlp
 
 from glai_kernels.glai import count_parameters, from_mlp, make_mlp, match, path_budget, prune
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 # SPEC §3's table: original, reduced, dense estimator I*P*O, μ = (O − R)/(I*P*O) in %
 SPEC_TABLE = {

@@ -1,29 +1,24 @@
-"""The protocol runner end to end (tiny heads, seconds), its data and its training pieces."""
+"""The GLAI protocol (glai_kernels.glai) end to end through bench's experiment runner (tiny
+heads, seconds), its data and its training pieces."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed
-
-from bench.pipeline.data import (
-    EmbeddingSplits,
-    digits,
-    load_embeddings,
-    save_embeddings,
-    synthetic,
-)
+from bench.pipeline.data import digits, load_embeddings, save_embeddings, synthetic
 from bench.pipeline.presets import Preset
-from bench.pipeline.protocol import MODELS, Protocol
 from bench.pipeline.runner import run_config
-from bench.pipeline.train import EarlyStopping, FewShot, info_nce, two_views
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.glai.embeddings import EmbeddingSplits
+from glai_kernels.glai.episodes import FewShot
+from glai_kernels.glai.paper_training import INFO_NCE_TEMPERATURE
+from glai_kernels.glai.protocol import MODELS, Protocol, run_head
+from glai_kernels.glai.tasks import info_nce, two_views
+from glai_kernels.glai.training import EarlyStopping
+from glai_kernels.paper_heads import PAPER_HEADS
 
 
 def tiny(name: str, n0: int, n1: int, n2: int):
@@ -169,7 +164,8 @@ def test_early_stopping_rules():
 
 def test_info_nce_and_views():
     z = torch.nn.functional.one_hot(torch.arange(8), 8).float()
-    assert info_nce(z, z) < 1e-3 < info_nce(z, z.roll(1, 0))
+    t = INFO_NCE_TEMPERATURE
+    assert info_nce(z, z, t) < 1e-3 < info_nce(z, z.roll(1, 0), t)
     model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(6, 3))
     a, b = two_views(model.train(), torch.randn(5, 6))
     assert a.shape == b.shape == (5, 3) and not torch.equal(a, b)
@@ -199,8 +195,6 @@ def test_bad_data_dimensions_are_refused(tmp_path):
 
 
 def test_automatic_switch_counts_its_monitoring():
-    from bench.pipeline.protocol import run_head
-
     head = TINY[0]
     protocol = dataclasses.replace(TINY_PRESET.protocol, switch="auto", max_epochs=6)
     records = run_head(head, synthetic(head, TINY_PRESET.sizes["A"]), 0, protocol)

@@ -23,7 +23,7 @@ from checker import check
 
 import glai_kernels
 from glai_kernels import registry
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 from reference import (
     abs_forward64,
     abs_grads64,

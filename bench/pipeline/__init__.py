@@ -6,6 +6,11 @@
 synthetic embeddings and scikit-learn's bundled digits, or users' own embedding files (see
 `bench.pipeline.data`). The estimator runs on whichever backend auto (or $GLAI_BACKEND)
 picks; the reports say which.
+
+The method itself (training loops, early stopping, episodes, InfoNCE, the protocol and the
+paper's per-head settings) is library code, glai_kernels.glai; this package is the
+experiment around it: `presets`, `runner` (every head, data set and seed), `data` (users'
+files and the built-in data sets) and `report` (tables, tests, plots).
 """
 
 from __future__ import annotations

@@ -25,29 +25,12 @@ Built-in, no download:
 from __future__ import annotations
 
 import pathlib
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from glai_kernels.heads import PaperHead
-
-SPLITS = ("train", "val", "test")
-
-
-@dataclass
-class EmbeddingSplits:
-    """x_* [N, n0] float32 and y_* [N] int64 (None when unlabeled) per split."""
-
-    x: dict[str, torch.Tensor]
-    y: dict[str, torch.Tensor | None]
-    name: str
-    description: str
-    classes: dict[str, list[int]] = field(default_factory=dict)
-
-    @property
-    def dim(self) -> int:
-        return self.x["train"].shape[1]
+from glai_kernels.glai.embeddings import SPLITS, EmbeddingSplits
+from glai_kernels.paper_heads import PaperHead
 
 
 def _as_tensor(value, what: str, path: pathlib.Path) -> torch.Tensor:

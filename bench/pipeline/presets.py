@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.pipeline.protocol import Protocol
-from glai_kernels.heads import PAPER_HEADS, PaperHead
+from glai_kernels.glai.protocol import Protocol
+from glai_kernels.paper_heads import PAPER_HEADS, PaperHead
 
 
 @dataclass(frozen=True)

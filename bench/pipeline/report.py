@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib import patheffects
 from scipy.stats import wilcoxon
 
-from bench.pipeline.protocol import MODELS
+from glai_kernels.glai.protocol import MODELS
 
 PAPER_SPEEDUP = {"A1": 2.54, "A2": 3.50, "B1": 1.05, "B2": 1.56, "C1": 1.85, "C2": 0.92}
 PHASES = (("t_reduced", "reduced MLP training", "#4c72b0"),

@@ -11,9 +11,11 @@ import torch
 from tqdm import tqdm
 
 from bench.pipeline import report
-from bench.pipeline.data import EmbeddingSplits, digits, load_embeddings, synthetic
+from bench.pipeline.data import digits, load_embeddings, synthetic
 from bench.pipeline.presets import PRESETS, Preset
-from bench.pipeline.protocol import (
+from glai_kernels.glai import reduce_mlp
+from glai_kernels.glai.embeddings import EmbeddingSplits
+from glai_kernels.glai.protocol import (
     Protocol,
     linear_head,
     make_task,
@@ -21,13 +23,12 @@ from bench.pipeline.protocol import (
     run_baseline,
     run_head,
 )
-from glai_kernels.glai import reduce_mlp
-from glai_kernels.heads import PAPER_HEADS, PaperHead
+from glai_kernels.paper_heads import PAPER_HEADS, PaperHead
 
 
 def load_data(head: PaperHead, source: str, preset: Preset, data_files: dict) -> EmbeddingSplits:
     if source == "file":
-        data = load_embeddings(data_files[head.name.split("-")[0]], need_labels=head.family != "B")
+        data = load_embeddings(data_files[head.paper_name], need_labels=head.family != "B")
     elif source == "synthetic":
         data = synthetic(head, preset.sizes[head.family])
     elif source == "digits":
@@ -74,7 +75,7 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
     warm_up(preset)
     jobs = []
     for head in preset.heads:
-        sources = ("file",) if head.name.split("-")[0] in data_files else preset.sources_for(head)
+        sources = ("file",) if head.paper_name in data_files else preset.sources_for(head)
         jobs.extend((head, source) for source in sources)
     records, notes = [], {}
     started = time.perf_counter()

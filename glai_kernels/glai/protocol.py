@@ -1,5 +1,8 @@
 """The paper's protocol (Section 4.1, Tables 2-3) for one head, one data set and one seed.
 
+`run_head(head, data, seed, protocol)` trains every model of Table 3 and returns one record
+(a dict: epochs, best validation score, wall-clock per phase, parameters, ...) per model.
+
 Models, each trained until early stopping (or the preset's epoch cap):
   MLP            the original head (n0, n1, n2), SGD, Table 2's LR / batch / MLP weight decay
   MLP reduced    (n0, rho*n1, n2) trained the same way (Table 3's baseline)
@@ -10,7 +13,8 @@ Models, each trained until early stopping (or the preset's epoch cap):
                  phase 3: the estimator, Adam with GLAI weight decay, early stopping
   GLAI structured  the same phase-1 MLP, pruned by whole path columns (a smaller dense P)
 Family B adds dropout (B1 0.2, B2 0.4) after the hidden layer (before the Linear head for the
-linear baseline) and trains with InfoNCE; family C trains on episodes.
+linear baseline) and trains with InfoNCE; family C trains on episodes. The per-head settings
+(LR, batch, weight decays, patience, dropout, episode shapes) are paper_training.py's.
 """
 
 from __future__ import annotations
@@ -21,39 +25,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bench.pipeline.data import EmbeddingSplits
-from bench.pipeline.train import (
-    Classification,
-    Contrastive,
-    EarlyStopping,
-    FewShot,
-    Task,
-    fit,
-    make_optimizer,
-    synchronize,
-)
-from glai_kernels.glai import (
-    StructureMonitor,
-    count_parameters,
-    fixed_reduced_epochs,
-    from_mlp,
-    make_mlp,
-    path_budget,
-    prune,
-    reduce_mlp,
-)
-from glai_kernels.heads import PaperHead
+from glai_kernels.glai.convergence import StructureMonitor, fixed_reduced_epochs
+from glai_kernels.glai.convert import from_mlp
+from glai_kernels.glai.embeddings import EmbeddingSplits
+from glai_kernels.glai.episodes import FewShot
+from glai_kernels.glai.matching import count_parameters, path_budget
+from glai_kernels.glai.mlp import make_mlp, reduce_mlp
+from glai_kernels.glai.paper_training import paper_training
+from glai_kernels.glai.prune import prune
+from glai_kernels.glai.tasks import Classification, Contrastive, Task
+from glai_kernels.glai.training import EarlyStopping, fit, make_optimizer, synchronize
+from glai_kernels.paper_heads import PaperHead
 
-# Section 4.1 (SPEC §3): (patience, min delta); accuracy in % for A and C, loss for B
-EARLY_STOPPING = {"A1": (5, 0.1), "A2": (5, 0.1), "B1": (5, 1e-5), "B2": (5, 0.01),
-                  "C1": (30, 1.0), "C2": (30, 1.0)}
-DROPOUT = {"B1": 0.2, "B2": 0.4}
-EPISODES = {"C1": (5, 4, 6), "C2": (5, 5, 10)}  # way, shot, query
 MODELS = ("MLP", "MLP reduced", "GLAI", "GLAI structured", "Linear")
-
-
-def _key(head: PaperHead) -> str:
-    return head.name.split("-")[0]  # scaled test heads are named e.g. "A1-tiny"
 
 
 @dataclass(frozen=True)
@@ -73,7 +57,8 @@ class Protocol:
     device: str = "cpu"
 
     def early_stopping(self, head: PaperHead) -> EarlyStopping:
-        patience, delta = EARLY_STOPPING[_key(head)]
+        settings = paper_training(head)
+        patience, delta = settings.patience, settings.min_delta
         if self.patience_cap is not None:
             patience = min(patience, self.patience_cap)
         return EarlyStopping(patience, delta, higher_is_better=head.family != "B")
@@ -85,24 +70,29 @@ class Protocol:
 
 def make_task(head: PaperHead, data: EmbeddingSplits, protocol: Protocol, seed: int,
               device: torch.device) -> Task:
+    """The family's task on `data`, moved to `device`."""
+    settings = paper_training(head)
     x = {s: t.to(device) for s, t in data.x.items()}
     y = {s: (t.to(device) if t is not None else None) for s, t in data.y.items()}
     if head.family == "A":
-        return Classification(x["train"], y["train"], x["val"], y["val"], head.batch_size)
+        return Classification(x["train"], y["train"], x["val"], y["val"], settings.batch_size)
     if head.family == "B":
-        return Contrastive(x["train"], x["val"], head.batch_size)
-    way, shot, query = EPISODES[_key(head)]
+        return Contrastive(x["train"], x["val"], settings.batch_size,
+                           temperature=settings.temperature)
+    way, shot, query = settings.episode
     return FewShot(x["train"], y["train"], x["val"], y["val"], way=way, shot=shot, query=query,
                    episodes=protocol.episodes_per_epoch, val_episodes=protocol.val_episodes,
                    seed=seed)
 
 
 def original_mlp(head: PaperHead) -> nn.Sequential:
-    return make_mlp((head.n0, head.n1, head.n2), dropout=DROPOUT.get(_key(head), 0.0))
+    """The head as the paper trains it: (n0, n1, n2), with its dropout (family B)."""
+    return make_mlp((head.n0, head.n1, head.n2), dropout=paper_training(head).dropout)
 
 
 def linear_head(head: PaperHead) -> nn.Sequential:
-    rate = DROPOUT.get(_key(head), 0.0)
+    """Table 3's linear baseline: nn.Linear(n0, n2), after the head's dropout (family B)."""
+    rate = paper_training(head).dropout
     return nn.Sequential(*([nn.Dropout(rate)] if rate else []), nn.Linear(head.n0, head.n2))
 
 
@@ -116,8 +106,9 @@ def run_baseline(name: str, model: nn.Module, head: PaperHead, data: EmbeddingSp
                  task: Task, protocol: Protocol, seed: int, *,
                  monitor: StructureMonitor | None = None) -> dict:
     """Train an MLP or linear head with SGD; `monitor` logs its m_t per epoch (untimed)."""
-    optimizer = make_optimizer("sgd", model.parameters(), lr=head.lr,
-                               weight_decay=head.mlp_weight_decay)
+    settings = paper_training(head)
+    optimizer = make_optimizer("sgd", model.parameters(), lr=settings.lr,
+                               weight_decay=settings.mlp_weight_decay)
     after_epoch = None
     if monitor is not None:
         monitor.observe(model)
@@ -143,6 +134,7 @@ def _timed(device: torch.device, fn):
 def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Protocol, seed: int,
              mlp_epochs: int, device: torch.device) -> list[dict]:
     """GLAI (and its structured variant) after the paper's pipeline; one record each."""
+    settings = paper_training(head)
     template = original_mlp(head)
     torch.manual_seed(1000 * seed + 2)
     reduced = reduce_mlp(template, head.rho).to(device)
@@ -158,8 +150,8 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
             monitor.observe(reduced)
         return auto and monitor.settled()
 
-    optimizer = make_optimizer("sgd", reduced.parameters(), lr=head.lr,
-                               weight_decay=head.mlp_weight_decay)
+    optimizer = make_optimizer("sgd", reduced.parameters(), lr=settings.lr,
+                               weight_decay=settings.mlp_weight_decay)
     phase1 = fit(reduced, task, optimizer, max_epochs=protocol.epoch_cap(head) if auto else fixed,
                  early=None, seed=seed, validate=False, after_epoch=after_epoch)
     t_reduced = phase1.seconds + (phase1.monitor_seconds if auto else 0.0)
@@ -174,8 +166,8 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
             full, reference, keep=budget.keep, structured=s))
         model = pruned.head.train()
         initial = task.validate(model)
-        optimizer = make_optimizer("adam", model.parameters(), lr=head.lr,
-                                   weight_decay=head.glai_weight_decay)
+        optimizer = make_optimizer("adam", model.parameters(), lr=settings.lr,
+                                   weight_decay=settings.glai_weight_decay)
         result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
                      early=protocol.early_stopping(head), seed=seed)
         total = count_parameters(reduced) + count_parameters(model)
