@@ -14,7 +14,8 @@ Models, each trained until early stopping (or the preset's epoch cap):
   GLAI structured  the same phase-1 MLP, pruned by whole path columns (a smaller dense P)
 Family B adds dropout (B1 0.2, B2 0.4) after the hidden layer (before the Linear head for the
 linear baseline) and trains with InfoNCE; family C trains on episodes. The per-head settings
-(LR, batch, weight decays, patience, dropout, episode shapes) are paper_training.py's.
+(LR, batch, weight decays, patience, dropout, episode shapes, InfoNCE temperature) are
+glai_kernels/glai/paper_training.py's.
 """
 
 from __future__ import annotations
