@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 import glai_kernels
-from glai_kernels.backends import extension
+from glai_kernels import extension
 from glai_kernels.heads import PAPER_HEADS
 from reference import make_inputs
 
