@@ -151,8 +151,12 @@ def test_remembered_failure_is_retried_when_the_toolchain_changes(monkeypatch, t
     seen = {"compiler": "/usr/bin/c++", "compiler_version": "c++ 12.2.0", "torch": "2.13",
             "sources": "0123"}
     monkeypatch.setattr(extension, "toolchain", lambda with_cuda: dict(seen))
+    monkeypatch.delenv(extension.VERBOSE_ENV, raising=False)
     extension.remember_failure(tmp_path, False, "it failed")
     assert extension.remembered_failure(tmp_path, False) == "it failed"  # not retried
+    monkeypatch.setenv(extension.VERBOSE_ENV, "1")  # asking to watch the build retries it
+    assert extension.remembered_failure(tmp_path, False) is None
+    monkeypatch.delenv(extension.VERBOSE_ENV)
     for part, changed in (("compiler_version", "c++ 13.1.0"), ("sources", "4567")):
         extension.remember_failure(tmp_path, False, "it failed")
         monkeypatch.setattr(extension, "toolchain",
@@ -196,7 +200,8 @@ def test_failed_build_says_where_its_log_is_and_retries_for_a_new_compiler(tmp_p
     def compiles() -> int:
         return sum(" -c " in f" {line} " for line in calls.read_text().splitlines())
 
-    env = {"CXX": str(fake), extension.CACHE_ENV: str(tmp_path / "cache")}
+    env = {"CXX": str(fake), extension.CACHE_ENV: str(tmp_path / "cache"),
+           extension.VERBOSE_ENV: ""}
     write_fake("fake c++ 1.0")
     first = _run_python(REPORT, env)
     assert "simulated compiler failure" in first, first
@@ -239,7 +244,7 @@ def test_failed_cuda_build_leaves_cpp_working(built, tmp_path):
         x, act, w = torch.randn(3, 4), torch.rand(3, 5), torch.randn(2, 4, 5)
         print("Y:", tuple(glai_kernels.estimator(x, act, w, backend="cpp").shape))
     """
-    env = {extension.CACHE_ENV: str(cache)}
+    env = {extension.CACHE_ENV: str(cache), extension.VERBOSE_ENV: ""}
     first = _run_python(code, env)
     assert "ERROR: None" in first and "WITH_CUDA: False" in first, first
     assert "with CUDA failed" in first, first

@@ -20,8 +20,9 @@ asked, never at `import glai_kernels`:
 A JIT build that cannot happen (no compiler, no ninja) or fails makes the backends it
 concerns unavailable with the reason; the others are unaffected. A failure is remembered in
 its cache directory with the toolchain it failed with (compiler path and version, nvcc's,
-torch's version, the sources' hash) and retried when any of them changes; its full log is
-kept beside it (build.log). The CUDA part failing leaves the CPU part built alone.
+torch's version, the sources' hash) and retried when any of them changes, when its record
+(failed.json) is deleted, or with $GLAI_KERNELS_VERBOSE set; its full log is kept beside it
+(build.log). The CUDA part failing leaves the CPU part built alone.
 
 Environment: $GLAI_KERNELS_CACHE (the cache root), $GLAI_KERNELS_VERBOSE=1 (show the build
 as it runs), $GLAI_KERNELS_CPU_ISA=avx512|avx2|portable (force the CPU kernels' instruction
@@ -186,9 +187,11 @@ def remember_failure(directory: Path, with_cuda: bool, error: str) -> None:
 
 def remembered_failure(directory: Path, with_cuda: bool) -> str | None:
     """The error of an earlier failed build in `directory` while the toolchain is the one it
-    failed with, else None; a record from another toolchain is removed, so the build runs."""
+    failed with, else None; a record from another toolchain is removed, so the build runs.
+    With $GLAI_KERNELS_VERBOSE set nothing is remembered: whoever asks to watch the build
+    gets one."""
     marker = directory / _FAILED_MARKER
-    if not marker.exists():
+    if not marker.exists() or os.environ.get(VERBOSE_ENV):
         return None
     try:
         record = json.loads(marker.read_text())
@@ -330,7 +333,8 @@ def _compile(with_cuda: bool) -> tuple[Path, str | None]:
         message = (f"building the glai_ext extension{' with CUDA' if with_cuda else ''} "
                    f"failed ({_summarise(error)}); the full log is {log}, or set "
                    f"{VERBOSE_ENV}=1 to watch the build; it is retried when the compiler, "
-                   "nvcc, torch or the sources change")
+                   f"nvcc, torch or the sources change, or once {directory / _FAILED_MARKER} "
+                   "is deleted")
         remember_failure(directory, with_cuda, message)
         return directory, message
     register_fakes()
