@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 import glai_kernels
-from glai_kernels.backends import extension
+from glai_kernels import extension
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
 

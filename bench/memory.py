@@ -1,10 +1,9 @@
 """Memory: will a case fit (estimates, before running it), and how much did it take (measured).
 
 Estimates count the elements a pass keeps alive at its peak: its inputs, dy, its results,
-and the backend's own intermediates. The intermediates of the backends we know are in
-`WORKSPACE` (einsum materialises [B, I, P]; torch keeps Z [O, B, P], and so on); a backend
-not listed is assumed to be fused (no intermediate larger than its results), so a new
-backend runs rather than being skipped on a guess.
+and the backend's own intermediates, which its registration estimates (`Backend.workspace`:
+einsum materialises [B, I, P], torch keeps Z [O, B, P], and so on); a backend that gives no
+estimate is fused (no intermediate larger than its results).
 
 Measured peaks: on CUDA the caching allocator's peak above the memory allocated before the
 call (`torch.cuda.max_memory_allocated`). On the CPU, torch's profiler with
@@ -25,36 +24,18 @@ from collections.abc import Callable
 import torch
 
 from bench.passes import PassSpec
+from glai_kernels import registry
 from glai_kernels.contract import Shape
 
-WorkspaceFn = Callable[[Shape, PassSpec], int]
 
-
-def _einsum_workspace(s: Shape, spec: PassSpec) -> int:
-    bip = s.batch * s.inputs * s.paths
-    forward = bip if spec.contract_pass != "backward" else 0
-    # d_outer [B, I, P] for dx or dact; outer [B, I, P] again for dweight
-    backward = (bip if {"x", "act"} & set(spec.grads) else 0) + (
-        bip if "weight" in spec.grads else 0)
+def workspace_elements(backend: str, shape: Shape, spec: PassSpec) -> int:
+    """The registered backend's intermediates at the peak of one call of `spec`: its
+    forward's, its backward's, or the larger of the two for a pass that runs both."""
+    impl = registry.get(backend)
+    forward = impl.workspace_elements(shape, True, spec.grads) if (
+        spec.contract_pass != "backward") else 0
+    backward = impl.workspace_elements(shape, False, spec.grads) if spec.grads else 0
     return max(forward, backward)
-
-
-def _gemm_workspace(s: Shape, spec: PassSpec) -> int:
-    b, i, p, o = s.batch, s.inputs, s.paths, s.outputs
-    z = o * b * p  # kept from the forward when act needs a gradient
-    backward = 0
-    if {"act", "weight"} & set(spec.grads):
-        backward += b * o * i  # U = dy x
-    if "x" in spec.grads:
-        backward += b * o * p + o * i * p  # V = dy act, and weight transposed
-    return z + backward
-
-
-WORKSPACE: dict[str, WorkspaceFn] = {
-    "einsum": _einsum_workspace,
-    "torch": _gemm_workspace,
-    "compile": _gemm_workspace,
-}
 
 
 def estimate_bytes(backend: str, shape: Shape, spec: PassSpec, itemsize: int) -> int:
@@ -63,8 +44,7 @@ def estimate_bytes(backend: str, shape: Shape, spec: PassSpec, itemsize: int) ->
     data = b * i + b * p + o * i * p + b * o  # x, act, weight, dy
     data += (b * o if spec.contract_pass != "backward" else 0) + sum(
         {"x": b * i, "act": b * p, "weight": o * i * p}[g] for g in spec.grads)
-    workspace = WORKSPACE.get(backend, lambda *_: 0)(shape, spec)
-    return (data + workspace) * itemsize
+    return (data + workspace_elements(backend, shape, spec)) * itemsize
 
 
 def oracle_bytes(shape: Shape, chunk_bytes: int) -> int:

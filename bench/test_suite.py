@@ -184,10 +184,36 @@ def test_estimates_name_the_big_intermediates():
     s = Shape(256, 385, 128, 37)
     both = PASSES["both"]
     assert memory.estimate_bytes("einsum", s, both, 4) >= 2 * 4 * 256 * 385 * 128
-    # an unknown backend is assumed fused: its inputs and results only
-    fused = memory.estimate_bytes("someone_new", s, both, 4)
+    # a backend that gives no workspace estimate is assumed fused: its inputs and results only
+    registry.register(registry.Backend("someone_new", listing1_forward, listing1_backward,
+                                       ("cpu",), "fused, says its registration"))
+    try:
+        fused = memory.estimate_bytes("someone_new", s, both, 4)
+    finally:
+        registry.unregister("someone_new")
     assert fused < memory.estimate_bytes("torch", s, both, 4)
     assert fused >= 4 * (s.min_elements("forward"))
+
+
+def test_estimates_come_from_the_backends_registration():
+    s = Shape(8, 9, 10, 3)
+    forward = PASSES["forward"]
+
+    def workspace(shape, is_forward, grads):
+        return 1000 if is_forward else 10 * len(grads)
+
+    for name, ws in (("plain_new", None), ("with_workspace", workspace)):
+        registry.register(registry.Backend(name, listing1_forward, listing1_backward, ("cpu",),
+                                           "a test backend", workspace=ws))
+    try:
+        extra = (memory.estimate_bytes("with_workspace", s, forward, 4)
+                 - memory.estimate_bytes("plain_new", s, forward, 4))
+        assert extra == 4 * 1000
+        assert memory.workspace_elements("with_workspace", s, PASSES["backward"]) == 30
+        assert memory.workspace_elements("with_workspace", s, PASSES["both"]) == 1000
+    finally:
+        registry.unregister("plain_new")
+        registry.unregister("with_workspace")
 
 
 def test_cpu_allocation_peak_sees_a_temporary():

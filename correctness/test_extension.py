@@ -1,5 +1,6 @@
 """What only the glai_ext extension (backends `cpp` and `cuda`) has: its build and its cache,
-the errors when it cannot build, its threads, its instruction sets and its tile edges.
+the errors when it cannot build and when it retries, its inner ops' fakes, its threads, its
+instruction sets and its tile edges.
 
 The rest of the suite already runs both backends against the oracle through the registry.
 """
@@ -19,7 +20,8 @@ import torch
 from checker import check
 
 import glai_kernels
-from glai_kernels.backends import extension
+from glai_kernels import extension
+from glai_kernels.backends.cpp import cpp_backward, cpp_forward_saving
 from reference import abs_grads64, grads64, make_inputs, tolerance
 from reference.tolerance import worst_error
 
@@ -60,11 +62,11 @@ REPORT = """
 # ---- build and cache ---------------------------------------------------------------------
 
 def test_second_process_loads_the_cached_build(built):
-    library = built.directory / f"{extension.EXTENSION_NAME}.so"
+    library = built.library
     before = library.stat().st_mtime_ns
     out = _run_python("""
         import time
-        from glai_kernels.backends import extension
+        from glai_kernels import extension
         start = time.perf_counter()
         result = extension.build()
         print("ERROR:", result.error)
@@ -79,6 +81,8 @@ def test_second_process_loads_the_cached_build(built):
 
 
 def test_cache_directory_names_torch_version_and_source_hash(built):
+    if built.ahead_of_time:
+        pytest.skip("glai_kernels._C is installed: the JIT cache is not used")
     assert built.directory.parent == extension.cache_root()
     assert built.directory.name == (
         f"{torch.__version__}-{extension.cache_key(with_cuda=built.with_cuda)}")
@@ -143,11 +147,83 @@ def test_failing_compiler_is_reported(tmp_path):
     assert "simulated compiler failure" in out, out
 
 
+def test_remembered_failure_is_retried_when_the_toolchain_changes(monkeypatch, tmp_path):
+    seen = {"compiler": "/usr/bin/c++", "compiler_version": "c++ 12.2.0", "torch": "2.13",
+            "sources": "0123"}
+    monkeypatch.setattr(extension, "toolchain", lambda with_cuda: dict(seen))
+    monkeypatch.delenv(extension.VERBOSE_ENV, raising=False)
+    extension.remember_failure(tmp_path, False, "it failed")
+    assert extension.remembered_failure(tmp_path, False) == "it failed"  # not retried
+    monkeypatch.setenv(extension.VERBOSE_ENV, "1")  # asking to watch the build retries it
+    assert extension.remembered_failure(tmp_path, False) is None
+    monkeypatch.delenv(extension.VERBOSE_ENV)
+    for part, changed in (("compiler_version", "c++ 13.1.0"), ("sources", "4567")):
+        extension.remember_failure(tmp_path, False, "it failed")
+        monkeypatch.setattr(extension, "toolchain",
+                            lambda with_cuda, part=part, changed=changed: {**seen, part: changed})
+        assert extension.remembered_failure(tmp_path, False) is None, part
+        assert not list(tmp_path.glob("failed*")), "the stale record must go"
+        monkeypatch.setattr(extension, "toolchain", lambda with_cuda: dict(seen))
+
+
+def test_toolchain_names_compiler_nvcc_torch_and_sources():
+    found = extension.toolchain(with_cuda=True)
+    assert set(found) == {"compiler", "compiler_version", "nvcc", "nvcc_version", "torch",
+                          "sources"}
+    assert found["sources"] == extension.sources_hash()
+    assert torch.__version__ in found["torch"]
+    assert "nvcc" not in extension.toolchain(with_cuda=False)
+
+
+def test_failed_build_says_where_its_log_is_and_retries_for_a_new_compiler(tmp_path):
+    """A failing compiler: the first process fails and says where the log is; the next one
+    with the same compiler reports the remembered failure without compiling; a compiler
+    reporting a new version is tried again."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = shutil.which(extension.cxx_compiler())
+    if not is_ninja_available() or compiler is None:
+        pytest.skip("ninja and a C++ compiler are needed to reach the compile step")
+    calls = tmp_path / "calls.log"
+    fake = tmp_path / "broken-c++"
+
+    def write_fake(version: str) -> None:
+        fake.write_text("#!/bin/sh\n"
+                        f'echo "$@" >> {calls}\n'
+                        f'if [ "$1" = "--version" ]; then echo "{version}"; exit 0; fi\n'
+                        'for arg in "$@"; do if [ "$arg" = "-c" ]; then\n'
+                        "  echo 'error: simulated compiler failure' >&2; exit 1\n"
+                        "fi; done\n"
+                        f'exec {compiler} "$@"\n')
+        fake.chmod(0o755)
+
+    def compiles() -> int:
+        return sum(" -c " in f" {line} " for line in calls.read_text().splitlines())
+
+    env = {"CXX": str(fake), extension.CACHE_ENV: str(tmp_path / "cache"),
+           extension.VERBOSE_ENV: ""}
+    write_fake("fake c++ 1.0")
+    first = _run_python(REPORT, env)
+    assert "simulated compiler failure" in first, first
+    log = re.search(r"the full log is (\S+build\.log)", first)
+    assert log and "simulated compiler failure" in Path(log.group(1)).read_text(), first
+    assert extension.VERBOSE_ENV in first, first
+    tried = compiles()
+    assert tried > 0
+    second = _run_python(REPORT, env)
+    assert "simulated compiler failure" in second, second
+    assert compiles() == tried, "the same toolchain must not be tried again"
+    write_fake("fake c++ 2.0")
+    third = _run_python(REPORT, env)
+    assert "simulated compiler failure" in third, third
+    assert compiles() > tried, "a new compiler version must be tried"
+
+
 def test_failed_cuda_build_leaves_cpp_working(built, tmp_path):
     """A CUDA part that does not compile: `cpp` still builds and works, `cuda` gives the
     reason, and the next process reads the remembered failure instead of rebuilding."""
-    if built.with_cuda:
-        pytest.skip("simulated where the CUDA part is not built for real")
+    if built.with_cuda or built.ahead_of_time:
+        pytest.skip("simulated where the CUDA part is not built, just in time, for real")
     cache = tmp_path / "cache"
     shutil.copytree(built.directory, cache / built.directory.name)  # the CPU part, built
     broken = tmp_path / "broken.cu"
@@ -155,7 +231,7 @@ def test_failed_cuda_build_leaves_cpp_working(built, tmp_path):
     code = f"""
         import time
         from pathlib import Path
-        from glai_kernels.backends import extension as e
+        from glai_kernels import extension as e
         e.cuda_build_reason = lambda: None  # as if torch had CUDA and nvcc were there
         e.cuda_sources = lambda: [Path({str(broken)!r})]
         start = time.perf_counter()
@@ -168,7 +244,7 @@ def test_failed_cuda_build_leaves_cpp_working(built, tmp_path):
         x, act, w = torch.randn(3, 4), torch.rand(3, 5), torch.randn(2, 4, 5)
         print("Y:", tuple(glai_kernels.estimator(x, act, w, backend="cpp").shape))
     """
-    env = {extension.CACHE_ENV: str(cache)}
+    env = {extension.CACHE_ENV: str(cache), extension.VERBOSE_ENV: ""}
     first = _run_python(code, env)
     assert "ERROR: None" in first and "WITH_CUDA: False" in first, first
     assert "with CUDA failed" in first, first
@@ -184,6 +260,54 @@ def test_cuda_backend_states_why_it_is_unavailable():
         assert reason is None or "build" in reason
     else:
         assert reason, "the cuda backend must say why it cannot run"
+
+
+# ---- the inner ops' fakes ------------------------------------------------------------------
+
+def _devices() -> list:
+    """The devices whose glai_ext kernels can run here (cpp's CPU, cuda's GPU)."""
+    status = {s.name: s for s in glai_kernels.backends()}
+    devices = [pytest.param("cpu", marks=pytest.mark.skipif(
+        not status["cpp"].available, reason=f"cpp: {status['cpp'].devices['cpu']}"))]
+    reason = status["cuda"].devices["cuda"]
+    devices.append(pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        reason is not None, reason=f"cuda: {reason}")]))
+    return devices
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("save", [False, True], ids=["plain", "saving"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_inner_forward_op_passes_opcheck(device, save, dtype):
+    data = make_inputs(5, 4, 6, 3, dtype=dtype, device=device, seed=11, bias=False)
+    torch.library.opcheck(torch.ops.glai_ext.forward.default,
+                          (data.x, data.act, data.weight, save))
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("with_z", [False, True], ids=["recompute", "saved-z"])
+@pytest.mark.parametrize("needs", [(True, True, True), (False, True, False),
+                                   (True, False, True), (False, False, True)],
+                         ids=["all", "act", "x+weight", "weight"])
+def test_inner_backward_op_passes_opcheck(device, with_z, needs):
+    data = make_inputs(5, 4, 6, 3, device=device, seed=12, bias=False)
+    dy = torch.randn(5, 3, generator=torch.Generator().manual_seed(13)).to(device)
+    z = extension.run_forward(data.x, data.act, data.weight, with_z)[1]
+    torch.library.opcheck(torch.ops.glai_ext.backward.default,
+                          (dy, data.x, data.act, data.weight, z, *needs))
+
+
+def test_inner_ops_fakes_give_shapes_without_running(built):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, act, w = torch.empty(7, 4), torch.empty(7, 6), torch.empty(3, 4, 6)
+        y, z = torch.ops.glai_ext.forward(x, act, w, True)
+        grads = torch.ops.glai_ext.backward(torch.empty(7, 3), x, act, w, z, True, False, True)
+        with pytest.raises(RuntimeError, match=r"weight must be \[O, I, P\]"):
+            torch.ops.glai_ext.forward(x, act, torch.empty(3, 5, 6), False)
+    assert (tuple(y.shape), tuple(z.shape)) == ((7, 3), (7, 3, 6))
+    assert [tuple(g.shape) for g in grads] == [(7, 4), (0,), (3, 4, 6)]
 
 
 # ---- threads -------------------------------------------------------------------------------
@@ -215,11 +339,9 @@ def test_results_do_not_depend_on_the_thread_count(built, restore_threads, dtype
     dy = torch.randn(50, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
 
     def run():
-        y, z = extension.ext_forward_saving(data.x, data.act, data.weight)
-        grads = extension.ext_backward(dy, data.x, data.act, data.weight, (True, True, True),
-                                       saved=z)
-        recomputed = extension.ext_backward(dy, data.x, data.act, data.weight,
-                                            (False, True, False))
+        y, z = cpp_forward_saving(data.x, data.act, data.weight)
+        grads = cpp_backward(dy, data.x, data.act, data.weight, (True, True, True), saved=z)
+        recomputed = cpp_backward(dy, data.x, data.act, data.weight, (False, True, False))
         return [y, z, *grads, recomputed[1]]
 
     torch.set_num_threads(1)
@@ -281,7 +403,7 @@ def test_dact_without_saved_z_matches_oracle(built, dtype):
     """The op always keeps Z when act needs a gradient; the recomputing path is checked here."""
     data = make_inputs(37, 13, 70, 5, dtype=dtype, seed=9)
     dy = torch.randn(37, 5, generator=torch.Generator().manual_seed(10)).to(dtype)
-    _, dact, _ = extension.ext_backward(dy, data.x, data.act, data.weight, (False, True, False))
+    _, dact, _ = cpp_backward(dy, data.x, data.act, data.weight, (False, True, False))
     args = [t.double() for t in (dy, data.x, data.act, data.weight)]
     error = worst_error(dact, grads64(*args).act, abs_grads64(*args).act)
     assert error <= tolerance(dtype), error

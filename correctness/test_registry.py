@@ -7,6 +7,7 @@ import torch
 
 import glai_kernels
 from glai_kernels import registry
+from glai_kernels.contract import Shape
 
 
 @pytest.fixture
@@ -117,3 +118,18 @@ def test_names_are_unique_and_auto_is_reserved():
     with pytest.raises(ValueError, match="reserved"):
         registry.register(registry.Backend(name="auto", forward=None, backward=None,
                                            devices=("cpu",), description=""))
+
+
+def test_workspace_estimates_are_element_counts():
+    """Every registration's workspace estimate (None: fused) answers with a count for a
+    forward and for each backward; the backends that materialise more estimate more."""
+    shape = Shape(16, 33, 17, 5)
+    subsets = [frozenset(g) for g in ((), ("x",), ("act",), ("weight",), ("x", "act", "weight"))]
+    for backend in registry.ESTIMATOR.backends():
+        for forward in (True, False):
+            for grads in subsets:
+                n = backend.workspace_elements(shape, forward, grads)
+                assert isinstance(n, int) and n >= 0, (backend.name, forward, grads)
+    einsum, torch_ = registry.get("einsum"), registry.get("torch")
+    assert einsum.workspace_elements(shape, True, frozenset()) == 16 * 33 * 17  # [B, I, P]
+    assert torch_.workspace_elements(shape, True, frozenset()) == 5 * 16 * 17  # Z [O, B, P]

@@ -34,10 +34,10 @@ from reference import (
 )
 from reference.tolerance import worst_error
 
-triton_fused = pytest.importorskip("glai_kernels.backends.triton_fused")
-ForwardConfig = triton_fused.ForwardConfig
-GradWeightConfig = triton_fused.GradWeightConfig
-GradInputsConfig = triton_fused.GradInputsConfig
+triton_backend = pytest.importorskip("glai_kernels.backends.triton")
+ForwardConfig = triton_backend.ForwardConfig
+GradWeightConfig = triton_backend.GradWeightConfig
+GradInputsConfig = triton_backend.GradInputsConfig
 
 DEVICE = next((d for d in ("cuda", "cpu") if registry.get("triton").unsupported_reason(d) is None),
               None)
@@ -57,8 +57,8 @@ def forced(forward: ForwardConfig | None = None, weight: GradWeightConfig | None
     name = "triton-forced"
     registry.register(registry.Backend(
         name=name,
-        forward=functools.partial(triton_fused.forward, config=forward),
-        backward=functools.partial(triton_fused.backward, weight_config=weight,
+        forward=functools.partial(triton_backend.triton_forward, config=forward),
+        backward=functools.partial(triton_backend.triton_backward, weight_config=weight,
                                    inputs_config=inputs),
         devices=("cpu", "cuda"),
         description="the triton backend with forced configs (tests)",
@@ -73,13 +73,13 @@ def forced(forward: ForwardConfig | None = None, weight: GradWeightConfig | None
 def slice_sums(monkeypatch):
     """Records (slices, workspace dtype, result dtype) of every fixed-order reduction."""
     calls = []
-    original = triton_fused._sum_slices
+    original = triton_backend._sum_slices
 
     def spy(ws, out):
         calls.append((ws.shape[0], ws.dtype, out.dtype))
         return original(ws, out)
 
-    monkeypatch.setattr(triton_fused, "_sum_slices", spy)
+    monkeypatch.setattr(triton_backend, "_sum_slices", spy)
     return calls
 
 
@@ -115,12 +115,12 @@ def test_partial_workspaces_for_each_gradient_subset(grads, slice_sums):
 def test_split_k_on_and_off_agree(dtype, slice_sums):
     data = make_inputs(5, 97, 41, 19, dtype=dtype, device=DEVICE, seed=23)
     scale = abs_forward64(data.x, data.act, data.weight)
-    whole = triton_fused.forward(data.x, data.act, data.weight,
-                                 config=ForwardConfig(16, 32, 64, split_k=1))
+    whole = triton_backend.triton_forward(data.x, data.act, data.weight,
+                                          config=ForwardConfig(16, 32, 64, split_k=1))
     assert worst_error(whole, forward64(data.x, data.act, data.weight), scale) <= tolerance(dtype)
     for split in (2, 7, 16):
-        pieces = triton_fused.forward(data.x, data.act, data.weight,
-                                      config=ForwardConfig(16, 32, 64, split_k=split))
+        pieces = triton_backend.triton_forward(data.x, data.act, data.weight,
+                                               config=ForwardConfig(16, 32, 64, split_k=split))
         # the same sum in another order: within the dtype's tolerance of each other
         assert worst_error(pieces, whole.double(), scale) <= tolerance(dtype), split
     assert slice_sums == []  # deterministic mode is off: the slices met by atomic adds
@@ -134,9 +134,10 @@ def test_deterministic_path_repeats_bitwise_and_matches_oracle(dtype, determinis
     dy = dy.to(DEVICE, dtype)
 
     def run():
-        y = triton_fused.forward(data.x, data.act, data.weight, config=SPLIT_FORWARD)
-        grads = triton_fused.backward(dy, data.x, data.act, data.weight, (True, True, True),
-                                      weight_config=WEIGHT_TILES, inputs_config=SPLIT_INPUTS)
+        y = triton_backend.triton_forward(data.x, data.act, data.weight, config=SPLIT_FORWARD)
+        grads = triton_backend.triton_backward(dy, data.x, data.act, data.weight,
+                                               (True, True, True), weight_config=WEIGHT_TILES,
+                                               inputs_config=SPLIT_INPUTS)
         return [y, *grads]
 
     first, second = run(), run()
@@ -161,7 +162,7 @@ def test_slice_sum_accumulates_in_float32(dtype, big, small):
     at `big`: a running sum in the dtype never moves, a float32 one gains 16*small, which
     the dtype holds exactly (2056 in float16, 258 in bfloat16)."""
     ws = torch.tensor([big] + [small] * 16, device=DEVICE).reshape(17, 1)
-    out = triton_fused._sum_slices(ws, torch.empty(1, dtype=dtype, device=DEVICE))
+    out = triton_backend._sum_slices(ws, torch.empty(1, dtype=dtype, device=DEVICE))
     assert out.item() == big + 16 * small
 
 
@@ -189,29 +190,29 @@ def test_autotuned_launch_path_with_one_config(monkeypatch, dtype, split):
     """The GPU's autotuned launchers (grids from the chosen config, the split configs'
     workspace memset, the cast after the atomic adds), run with one config per kernel so
     that the autotuner picks it without timing anything (the interpreter cannot time)."""
-    monkeypatch.setattr(triton_fused, "_autotunes", lambda dtype: True)
-    monkeypatch.setattr(triton_fused, "_FORWARD_TILES", ((16, 32, 32, 4, 3),))
-    monkeypatch.setattr(triton_fused, "_SPLITS", (split,))
-    monkeypatch.setattr(triton_fused, "_GRAD_WEIGHT_TILES", ((16, 64, 16, 4, 3),))
-    monkeypatch.setattr(triton_fused, "_GRAD_INPUTS_TILES", ((2, 16, 4, 3),))
-    triton_fused._tuned.cache_clear()
+    monkeypatch.setattr(triton_backend, "_autotunes", lambda dtype: True)
+    monkeypatch.setattr(triton_backend, "_FORWARD_TILES", ((16, 32, 32, 4, 3),))
+    monkeypatch.setattr(triton_backend, "_SPLITS", (split,))
+    monkeypatch.setattr(triton_backend, "_GRAD_WEIGHT_TILES", ((16, 64, 16, 4, 3),))
+    monkeypatch.setattr(triton_backend, "_GRAD_INPUTS_TILES", ((2, 16, 4, 3),))
+    triton_backend._tuned.cache_clear()
     try:
         with forced() as fn:
             _assert_passes(check(fn, *AWKWARD, dtype=dtype, device=DEVICE, seed=28))
             # a second call reuses the workspace logic with stale memory around it
             _assert_passes(check(fn, *AWKWARD, dtype=dtype, device=DEVICE, seed=29))
-        assert triton_fused._tuned()[0].best_config.kwargs["SPLIT_K"] == split
+        assert triton_backend._tuned()[0].best_config.kwargs["SPLIT_K"] == split
     finally:
-        triton_fused._tuned.cache_clear()
+        triton_backend._tuned.cache_clear()
 
 
 def test_autotune_pruning_splits_only_when_tiles_are_scarce(monkeypatch):
-    monkeypatch.setattr(triton_fused, "_sms", lambda device: 132)  # an H100
-    forward = triton_fused._tuned()[0]
+    monkeypatch.setattr(triton_backend, "_sms", lambda device: 132)  # an H100
+    forward = triton_backend._tuned()[0]
 
     def kept(batch, outputs, k):
         args = {"x_ptr": torch.empty(0), "B": batch, "O": outputs, "K": k}
-        return [c.kwargs for c in triton_fused._prune_forward(forward.configs, args)]
+        return [c.kwargs for c in triton_backend._prune_forward(forward.configs, args)]
 
     small = kept(16, 37, 385 * 128)  # A1 at B = 16: one or two (b, o) tiles
     assert {c["BLOCK_M"] for c in small} == {16} and max(c["SPLIT_K"] for c in small) >= 16
@@ -230,8 +231,8 @@ def test_rule_based_configs_split_the_paper_heads():
     for head in PAPER_HEADS.values():
         shape = head.shape(batch=2)
         device = torch.device(DEVICE)
-        assert triton_fused.forward_config(shape, torch.float32, device).split_k > 1, head.name
-        assert triton_fused.grad_inputs_config(shape, torch.float32, device).i_splits > 1
+        assert triton_backend.forward_config(shape, torch.float32, device).split_k > 1, head.name
+        assert triton_backend.grad_inputs_config(shape, torch.float32, device).i_splits > 1
 
 
 def test_no_batch_sized_intermediate_is_allocated(monkeypatch):
@@ -253,13 +254,14 @@ def test_no_batch_sized_intermediate_is_allocated(monkeypatch):
                 return record
             return attr
 
-    monkeypatch.setattr(triton_fused, "torch", Recorder())
+    monkeypatch.setattr(triton_backend, "torch", Recorder())
     data = make_inputs(batch, inputs, paths, outputs, device=DEVICE, seed=26)
     dy = torch.randn(batch, outputs, device=DEVICE)
-    triton_fused.forward(data.x, data.act, data.weight, config=ForwardConfig(16, 16, 16, 4))
-    triton_fused.backward(dy, data.x, data.act, data.weight, (True, True, True),
-                          weight_config=WEIGHT_TILES,
-                          inputs_config=GradInputsConfig(16, 2, 16, 16, i_splits=3))
+    triton_backend.triton_forward(data.x, data.act, data.weight,
+                                  config=ForwardConfig(16, 16, 16, 4))
+    triton_backend.triton_backward(dy, data.x, data.act, data.weight, (True, True, True),
+                                   weight_config=WEIGHT_TILES,
+                                   inputs_config=GradInputsConfig(16, 2, 16, 16, i_splits=3))
     assert sizes and max(sizes) <= max(outputs * inputs * paths, 3 * batch * inputs)
     assert batch * inputs * paths not in sizes and batch * outputs * paths not in sizes
 
@@ -273,13 +275,14 @@ def _probe_kernels():
 
     @triton.jit
     def probe_tile(out_ptr, index, BLOCK: tl.constexpr):  # noqa: N803
-        tl.store(out_ptr + tl.arange(0, BLOCK), triton_fused._tile(index, BLOCK))
+        tl.store(out_ptr + tl.arange(0, BLOCK), triton_backend._tile(index, BLOCK))
 
     @triton.jit
     def probe_rounding(in_ptr, out_ptr, N: tl.constexpr, EMULATE: tl.constexpr):  # noqa: N803
         offsets = tl.arange(0, N)
         v = tl.load(in_ptr + offsets)
-        tl.store(out_ptr + offsets, triton_fused._rounded(v, tl.bfloat16, EMULATE).to(tl.float32))
+        rounded = triton_backend._rounded(v, tl.bfloat16, EMULATE)
+        tl.store(out_ptr + offsets, rounded.to(tl.float32))
 
     return probe_tile, probe_rounding
 
@@ -295,7 +298,7 @@ def test_tile_offsets_are_int64_past_2_pow_31():
 
 @pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "native"])
 def test_bfloat16_rounding_is_to_nearest_even(emulate):
-    if not emulate and triton_fused.interpreted():
+    if not emulate and triton_backend.interpreted():
         pytest.skip("the interpreter's own fp32->bf16 conversion truncates: why EMULATE exists")
     _, probe_rounding = _probe_kernels()
     gen = torch.Generator().manual_seed(27)
@@ -314,10 +317,10 @@ def test_tf32_follows_torch_switch():
     previous = matmul.allow_tf32
     try:
         matmul.allow_tf32 = True
-        assert triton_fused._numerics(torch.float32)["PRECISION"] == "tf32"
-        assert triton_fused._numerics(torch.bfloat16)["PRECISION"] == "ieee"
+        assert triton_backend._numerics(torch.float32)["PRECISION"] == "tf32"
+        assert triton_backend._numerics(torch.bfloat16)["PRECISION"] == "ieee"
         matmul.allow_tf32 = False
-        assert triton_fused._numerics(torch.float32)["PRECISION"] == "ieee"
+        assert triton_backend._numerics(torch.float32)["PRECISION"] == "ieee"
     finally:
         matmul.allow_tf32 = previous
 

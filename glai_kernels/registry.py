@@ -10,7 +10,7 @@ tensors' device type and dtype.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -41,6 +41,12 @@ ForwardSavingFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
 """(x, act, weight) -> (y, saved): a forward that also keeps a tensor which makes the
 backward cheaper when act needs a gradient (as aten's layer norm keeps its statistics)."""
 
+WorkspaceFn = Callable[[Shape, bool, frozenset[str]], int]
+"""(shape, forward, grads) -> elements of intermediates one call keeps alive at its peak,
+beyond its inputs and results: a forward when `forward` is true (`grads` says which
+gradients its backward will need, which decides what it keeps), else a backward computing
+`grads` (a subset of {"x", "act", "weight"}), including what the forward kept for it."""
+
 
 def device_present(device_type: str) -> str | None:
     """None when this process can use the device type, else why not."""
@@ -59,7 +65,9 @@ class Backend:
     wins; a device type not listed is never chosen by auto). A backend with
     `forward_saving` also gives `saved_shape`, the shape of what it saves, for fake tensors.
     `baseline` marks the one backend of an op that benchmarks time every other against in the
-    same run (the dense op's is `einsum`, the paper's Listing 1).
+    same run (the dense op's is `einsum`, the paper's Listing 1). `workspace` estimates its
+    intermediates (see `WorkspaceFn`) so a benchmark can skip a case that would not fit;
+    None means fused: no intermediate larger than its results.
     """
 
     name: str
@@ -73,6 +81,7 @@ class Backend:
     forward_saving: ForwardSavingFn | None = None
     saved_shape: Callable[[Shape], tuple[int, ...]] | None = None
     baseline: bool = False
+    workspace: WorkspaceFn | None = None
     op: str = field(default="", compare=False)  # set by the registry it is registered in
 
     def unsupported_reason(self, device_type: str, dtype: torch.dtype | None = None) -> str | None:
@@ -82,6 +91,10 @@ class Backend:
         if dtype is not None and dtype not in self.dtypes:
             return f"supports {', '.join(str(d) for d in self.dtypes)}, not {dtype}"
         return Registry.of(self.op).availability(self.name, device_type)
+
+    def workspace_elements(self, shape: Shape, forward: bool, grads: Iterable[str]) -> int:
+        """This backend's `workspace` for one call (0 for a fused backend)."""
+        return 0 if self.workspace is None else self.workspace(shape, forward, frozenset(grads))
 
 
 _AVAILABILITY: dict[tuple[str, str, str], str | None] = {}

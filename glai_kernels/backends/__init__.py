@@ -1,8 +1,10 @@
-"""Every module in this package registers one or more backends when imported.
+"""Every module in this package is one backend, named as the backend, registered on import.
 
-Adding a backend means adding one file here that calls `glai_kernels.registry.register`;
-a module whose optional dependency is missing still registers, reporting why it is
-unavailable, so `glai_kernels.backends()` can say so.
+Adding a backend means adding one file here that calls `glai_kernels.registry.register`
+(its launchers named `<backend>_forward` / `<backend>_backward`); a module whose optional
+dependency is missing still registers, reporting why it is unavailable, so
+`glai_kernels.backends()` can say so. Code that is not a backend lives outside this package:
+glai_kernels/extension.py builds and loads the C++/CUDA library that `cpp` and `cuda` run.
 """
 
 import importlib

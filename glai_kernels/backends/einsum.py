@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from glai_kernels.contract import Shape
 from glai_kernels.registry import Backend, register
 
 
@@ -48,6 +49,16 @@ def listing1_backward(
     return dx, dact, dweight
 
 
+
+def _workspace(s: Shape, forward: bool, grads: frozenset[str]) -> int:
+    """The outer product [B, I, P] in the forward; in the backward its gradient [B, I, P]
+    for dx or dact, and the outer product again for dweight."""
+    bip = s.batch * s.inputs * s.paths
+    if forward:
+        return bip
+    return (bip if {"x", "act"} & grads else 0) + (bip if "weight" in grads else 0)
+
+
 register(Backend(
     name="einsum",
     forward=listing1_forward,
@@ -55,4 +66,5 @@ register(Backend(
     devices=("cpu", "cuda"),
     description="the paper's Listing 1 (two einsums, materialises [B, I, P]); the baseline",
     baseline=True,
+    workspace=_workspace,
 ))

@@ -454,7 +454,7 @@ def _tuned():
 
 
 # ----------------------------------------------------------------------------------------
-# Launchers: the backend's forward and backward (inputs contiguous, one dtype and device)
+# Launchers: triton_forward and triton_backward (inputs contiguous, one dtype and device)
 
 
 def _numerics(dtype: torch.dtype) -> dict:
@@ -505,7 +505,7 @@ def _sizes(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, int, int, i
     return batch, inputs, paths, outputs, inputs * paths
 
 
-def forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
+def triton_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
             config: ForwardConfig | None = None) -> torch.Tensor:
     """x [B, I], act [B, P], weight [O, I, P] -> y [B, O] in x's dtype.
 
@@ -613,7 +613,7 @@ def _grad_inputs(dy, x, act, weight, need_x: bool, need_act: bool,
     return (dx if need_x else None), (dact if need_act else None)
 
 
-def backward(
+def triton_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
     act: torch.Tensor,
@@ -624,7 +624,8 @@ def backward(
     inputs_config: GradInputsConfig | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), each only if in `needs`
-    (need_x, need_act, need_weight); dx and dact share one kernel. Configs as in `forward`."""
+    (need_x, need_act, need_weight); dx and dact share one kernel. Configs as in
+    `triton_forward`."""
     need_x, need_act, need_weight = needs
     dx = dact = dweight = None
     with _on_device(x):
@@ -664,8 +665,8 @@ def _availability(device_type: str) -> str | None:
 
 register(Backend(
     name="triton",
-    forward=forward,
-    backward=backward,
+    forward=triton_forward,
+    backward=triton_backward,
     devices=("cpu", "cuda"),
     description="fused Triton kernels: x⊗act tiles formed in registers, split-K, one "
                 "kernel for dx and dact (on CPU only under TRITON_INTERPRET=1)",

@@ -1,5 +1,8 @@
 """`torch`: the estimator as plain PyTorch GEMMs that never materialise [B, I, P].
 
+(This module is glai_kernels.backends.torch; `import torch` in it, and everywhere, is
+PyTorch: imports are absolute.)
+
 Forward (the Z-form of SPEC §2): Z[o] = x @ weight[o], one batched GEMM over the contiguous
 [I, P] slices of weight, then y[b, o] = sum_s Z[o, b, s] act[b, s]. Z is [O, B, P], small
 next to [B, I, P] whenever O < I; when act needs a gradient the forward keeps it, because
@@ -30,20 +33,20 @@ def _contract_z(z: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
     return (z * act).sum(-1, dtype=accumulation_dtype(z.dtype)).t().to(act.dtype)
 
 
-def gemm_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def torch_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, I], act [B, P], weight [O, I, P] -> y [B, O]."""
     return _contract_z(_z(x, weight), act)
 
 
-def gemm_forward_saving(
+def torch_forward_saving(
     x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As gemm_forward, also returning Z [O, B, P] for a cheap dact."""
+    """As torch_forward, also returning Z [O, B, P] for a cheap dact."""
     z = _z(x, weight)
     return _contract_z(z, act), z
 
 
-def gemm_backward(
+def torch_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
     act: torch.Tensor,
@@ -79,12 +82,27 @@ def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
     return (shape.outputs, shape.batch, shape.paths)
 
 
+def gemm_workspace(s: Shape, forward: bool, grads: frozenset[str]) -> int:
+    """Elements of the intermediates above: Z [O, B, P] in every forward (kept for the
+    backward when act needs a gradient); U [B, O*I] for dact or dweight; V [B, O*P] and the
+    transposed copy of weight [O*P, I] for dx."""
+    b, i, p, o = s.batch, s.inputs, s.paths, s.outputs
+    z = o * b * p
+    if forward:
+        return z
+    kept = z if "act" in grads else 0
+    u = b * o * i if {"act", "weight"} & grads else 0
+    v = b * o * p + o * i * p if "x" in grads else 0
+    return kept + u + v
+
+
 register(Backend(
     name="torch",
-    forward=gemm_forward,
-    backward=gemm_backward,
-    forward_saving=gemm_forward_saving,
+    forward=torch_forward,
+    backward=torch_backward,
+    forward_saving=torch_forward_saving,
     saved_shape=saved_z_shape,
+    workspace=gemm_workspace,
     devices=("cpu", "cuda"),
     description="plain PyTorch GEMMs, never materialises [B, I, P]",
     auto_priority={"cpu": 10, "cuda": 10},

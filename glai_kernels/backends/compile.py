@@ -13,11 +13,12 @@ import shutil
 
 import torch
 
-from glai_kernels.backends.torch_gemm import (
-    gemm_backward,
-    gemm_forward,
-    gemm_forward_saving,
+from glai_kernels.backends.torch import (
+    gemm_workspace,
     saved_z_shape,
+    torch_backward,
+    torch_forward,
+    torch_forward_saving,
 )
 from glai_kernels.registry import Backend, device_present, register
 
@@ -39,19 +40,19 @@ def _compiled(fn):
     return run
 
 
-def compiled_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def compile_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, I], act [B, P], weight [O, I, P] -> y [B, O], via the compiled graph."""
-    return _compiled(gemm_forward)(x, act, weight)
+    return _compiled(torch_forward)(x, act, weight)
 
 
-def compiled_forward_saving(x, act, weight):
-    """As compiled_forward, also returning Z [O, B, P] for the backward."""
-    return _compiled(gemm_forward_saving)(x, act, weight)
+def compile_forward_saving(x, act, weight):
+    """As compile_forward, also returning Z [O, B, P] for the backward."""
+    return _compiled(torch_forward_saving)(x, act, weight)
 
 
-def compiled_backward(dy, x, act, weight, needs, saved=None):
+def compile_backward(dy, x, act, weight, needs, saved=None):
     """dy [B, O] -> (dx, dact, dweight) via the compiled graph, only those in `needs`."""
-    return _compiled(gemm_backward)(dy, x, act, weight, tuple(needs), saved)
+    return _compiled(torch_backward)(dy, x, act, weight, tuple(needs), saved)
 
 
 def _availability(device_type: str) -> str | None:
@@ -64,10 +65,11 @@ def _availability(device_type: str) -> str | None:
 
 register(Backend(
     name="compile",
-    forward=compiled_forward,
-    backward=compiled_backward,
-    forward_saving=compiled_forward_saving,
+    forward=compile_forward,
+    backward=compile_backward,
+    forward_saving=compile_forward_saving,
     saved_shape=saved_z_shape,
+    workspace=gemm_workspace,  # the same tensors, unless inductor fuses some away
     devices=("cpu", "cuda"),
     description="torch.compile(fullgraph=True, dynamic=True) of the torch backend's GEMMs",
     availability=_availability,
