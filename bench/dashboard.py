@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench import history
+from bench.passes import DTYPES
 from bench.sweeps import PAPER_BATCHES
 from glai_kernels.heads import PAPER_HEADS
 
@@ -152,13 +153,13 @@ def _options(name: str, values: list[str]) -> str:
             f'<option value="">all</option>{opts}</select></label>')
 
 
-DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
 PASS_ORDER = ("both", "train", "forward", "backward")
 
 
 def _order(dtype: str, pass_: str) -> tuple[int, int]:
-    """float32 and forward+backward first: what a reader looks for first."""
-    rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
+    """float32 (the contract's first dtype) and forward+backward first: what a reader looks
+    for first."""
+    rank = {name: i for i, name in enumerate(DTYPES)}
     return rank.get(dtype, len(rank)), {p: i for i, p in enumerate(PASS_ORDER)}.get(pass_, 9)
 
 

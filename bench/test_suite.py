@@ -244,6 +244,17 @@ def test_chunked_oracle_equals_whole_and_judges():
     assert chunked.error_ratio(bad) > 1.0
 
 
+def test_the_oracle_rejects_a_wrong_output_dtype():
+    """The benchmarks judge as the correctness suite does (`reference.verdict`): float32 inputs
+    whose result comes back as bfloat16 are wrong, although its values would pass bfloat16's
+    own tolerance."""
+    t = runner.make_sets(Shape(3, 4, 2, 2), torch.float32, CPU, seed=2)[0]
+    oracle = Oracle(t)
+    good = make_call("torch", PASSES["forward"], [t])()
+    assert oracle.error_ratio(good) <= 1.0
+    assert oracle.error_ratio({"y": good["y"].to(torch.bfloat16)}) == math.inf
+
+
 def test_energy_is_absent_on_the_cpu():
     meter = EnergyMeter(CPU)
     assert not meter.available and "cpu" in meter.reason
