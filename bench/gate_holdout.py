@@ -5,8 +5,8 @@ Hold out k of the N runs, build a baseline from the rest (same margin and floors
 the held-out runs as `bench.gate.check` does: the first run alone, then each ratio's best over
 the first two, the first three. Unchanged, any failure is a false alarm. Planted, the held-out
 runs' ratios are moved as a backend `factor` times slower would move them (its speedups and
-roofline shares divided by `factor`; for the einsum oracle, every other speedup multiplied and
-its own share divided), and a pass is a miss.
+roofline shares divided by `factor`; for the oracle, the registry's baseline backend, every
+other speedup multiplied and its own share divided), and a pass is a miss.
 
     python -m bench.gate_holdout [reports/baseline/<machine>.json] [--hold 3] [--factor 1.2]
 """
@@ -22,14 +22,13 @@ from pathlib import Path
 import pandas as pd
 
 from bench import gate
-from bench.runner import BASELINE as ORACLE
 
 
 def planted(table: pd.DataFrame, backend: str, factor: float) -> pd.DataFrame:
     """One run's `ratios` table as it would read with `backend` `factor` times slower."""
     out = table.copy()
     mine = out["backend"] == backend
-    if backend == ORACLE:
+    if backend == gate.oracle_name():
         out.loc[~mine & (out["metric"] == "speedup_best"), "value"] *= factor
         out.loc[mine, "value"] /= factor
     else:
