@@ -302,12 +302,12 @@ def test_csv_has_the_schema_and_one_row_per_measurement(tiny_run):
     ok = df[df["status"] == "ok"]
     assert (ok["median_s"] > 0).all() and (ok["iqr_s"] >= 0).all()
     assert np.allclose(ok["gflops"], ok["flops"] / ok["median_s"] / 1e9)
-    assert np.allclose(df.loc[df["backend"] == "einsum", "speedup_vs_einsum"], 1.0)
+    assert np.allclose(df.loc[df["backend"] == "einsum", "speedup_vs_baseline"], 1.0)
     assert (ok["peak_mem_bytes"] > 0).all()
     assert df["energy_j"].isna().all()  # no NVML on a CPU: absent, not zero
     # one winner per shape x dtype x pass (counted once across sweeps)
     winners = df[df["winner"]].drop_duplicates(results.MEASUREMENT_KEY)
-    assert len(winners) == len(df.drop_duplicates(results.CASE_KEY))
+    assert len(winners) == len(df.drop_duplicates(results.COMPARISON_KEY))
     for name in provenance.ROW_FIELDS:
         assert df[name].notna().all()
 
