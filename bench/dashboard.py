@@ -1,6 +1,6 @@
 """The regression dashboard: one static HTML page from the benchmark history, no server.
 
-    python -m bench.dashboard [--history reports/history] [--out reports/dashboard/index.html]
+    glai-bench dashboard [--history reports/history] [--out reports/dashboard/index.html]
     (also `nox -s dashboard`)
 
 The page holds everything inline (PNG plots as data URLs, CSS, a little JavaScript), so it opens
@@ -321,7 +321,7 @@ window.addEventListener("load", () => {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__,
+    p = argparse.ArgumentParser(prog="glai-bench dashboard", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--history", type=Path, default=history.HISTORY_DIR)
     p.add_argument("--out", type=Path, default=OUT)
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = render(records, args.out)
     except ValueError as e:
-        print(f"python -m bench.dashboard: {e}")
+        print(f"glai-bench dashboard: {e}")
         return 2
     print(f"wrote {path} ({len(records)} runs); open it in a browser, no server needed")
     return 0

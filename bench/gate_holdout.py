@@ -8,7 +8,7 @@ runs' ratios are moved as a backend `factor` times slower would move them (its s
 roofline shares divided by `factor`; for the oracle, the registry's baseline backend, every
 other speedup multiplied and its own share divided), and a pass is a miss.
 
-    python -m bench.gate_holdout [reports/baseline/<machine>.json] [--hold 3] [--factor 1.2]
+    glai-bench holdout [reports/baseline/<machine>.json] [--hold 3] [--factor 1.2]
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def summary(trials: pd.DataFrame, factor: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gate_holdout", description=__doc__,
+    p = argparse.ArgumentParser(prog="glai-bench holdout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("baseline", type=Path, nargs="?",
                    help="a baseline JSON (default: this machine kind's, if committed)")

@@ -13,7 +13,7 @@ from bench.gate.store import BASELINE_DIR, accept
 from bench.planted import from_spec
 
 
-def parser(prog: str = "python -m bench.gate") -> argparse.ArgumentParser:
+def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
     """The gate's command line: subcommands check, accept and measure."""
     p = argparse.ArgumentParser(prog=prog, description=bench.gate.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,7 +48,7 @@ def parser(prog: str = "python -m bench.gate") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.gate") -> int:
+def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
     args = parser(prog).parse_args(argv)
 
     if args.command == "measure":
