@@ -1,6 +1,7 @@
 """Sessions: `nox -s tests` (the correctness suite), `nox -s lint`, `nox -s bench`,
 `nox -s gate` (the regression gate), `nox -s dashboard`, `nox -s cuda_check` (nvcc compile
-check of the CUDA kernels, no GPU needed).
+check of the CUDA kernels, no GPU needed). The benchmark sessions call `glai-bench`, the
+command line an editable install of the package provides (bench/__main__.py lists its commands).
 
 Each session makes its own virtual environment and installs everything into it, so a fresh
 machine needs only nox. $GLAI_TORCH says which torch to install first (default
@@ -48,7 +49,7 @@ def bench(session: nox.Session) -> None:
     """The benchmark suite on the default preset and whatever device is present;
     `nox -s bench -- --preset quick|default|full --backends ... --device ...`."""
     _install(session, "bench")
-    session.run("python", "-m", "bench", *session.posargs)
+    session.run("glai-bench", "run", *session.posargs)
 
 
 @nox.session
@@ -59,14 +60,14 @@ def gate(session: nox.Session) -> None:
     runs and writes a new baseline on purpose; `-- check --plant torch=1.25` shows it failing
     on a planted slowdown."""
     _install(session, "bench")
-    session.run("python", "-m", "bench.gate", *(session.posargs or ["check"]))
+    session.run("glai-bench", "gate", *(session.posargs or ["check"]))
 
 
 @nox.session
 def dashboard(session: nox.Session) -> None:
     """Render reports/dashboard/index.html from the history in reports/history/."""
     _install(session, "bench")
-    session.run("python", "-m", "bench.dashboard", *session.posargs)
+    session.run("glai-bench", "dashboard", *session.posargs)
 
 
 @nox.session
@@ -76,4 +77,5 @@ def cuda_check(session: nox.Session) -> None:
     torch binding with -fsyntax-only. Needs nvcc, not a GPU (`-- --arch 80 --arch 100` to
     choose the architectures)."""
     session.install(*shlex.split(TORCH), "numpy")
-    session.run("python", "tools/check_cuda.py", *session.posargs)
+    session.install("-e", ".")  # for the glai-bench command
+    session.run("glai-bench", "check-cuda", *session.posargs)

@@ -1,9 +1,14 @@
-"""`python -m bench` (also `nox -s bench -- ARGS`): the kernel suite, then the GLAI pipeline.
+"""`glai-bench COMMAND [ARGS]` (or `python -m bench COMMAND [ARGS]`): the benchmarks' one
+command line. `glai-bench COMMAND --help` describes each command; with no command, or with
+options only, `run` is meant (`python -m bench --preset quick` is `glai-bench run --preset
+quick`).
 
-    python -m bench                                  # default preset, CUDA if present
-    python -m bench --preset quick --backends torch,compile --dtypes float32
-    python -m bench --suite kernels --device cpu --out /tmp/bench
-    python -m bench --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
+`run` (also `nox -s bench -- ARGS`): the kernel suite, then the GLAI pipeline.
+
+    glai-bench run                                  # default preset, CUDA if present
+    glai-bench run --preset quick --backends torch,compile --dtypes float32
+    glai-bench run --suite kernels --device cpu --out /tmp/bench
+    glai-bench run --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
 
 The kernel suite writes results.csv, results.json, summary.md and plots/ into --out
 (default reports/bench/<device>). The pipeline suite (bench/pipeline, when present) writes
@@ -13,6 +18,7 @@ into --pipeline-out (default reports/pipeline).
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -25,13 +31,26 @@ from bench.sweeps import ALL_PASSES, PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# command -> (module whose main(argv) runs it, what it does); "run" is this module's
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("bench.__main__", "the kernel suite, then the GLAI pipeline (the default command)"),
+    "pipeline": ("bench.pipeline.__main__", "the GLAI pipeline alone (the paper's tables)"),
+    "gate": ("bench.gate.cli", "the regression gate: check | accept | measure"),
+    "holdout": ("bench.gate_holdout", "the gate's false-alarm and miss rates from a baseline"),
+    "dashboard": ("bench.dashboard", "render reports/dashboard/index.html from the history"),
+    "render": ("bench.render", "redraw a finished run's charts and summary.md"),
+    "predict": ("bench.predict", "roofline predictions for A100/H100 from datasheet peaks"),
+    "cpu-targets": ("bench.cpu_targets", "the C++ extension's CPU targets, in one run"),
+    "check-cuda": ("bench.check_cuda", "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
+}
+
 
 def _names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="glai-bench run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
                    help="which sweeps and how long to time (default: default)")
@@ -39,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
                    help="kernel benchmarks, the GLAI pipeline, or both (default: all)")
     p.add_argument("--backends", type=_names, default=None,
                    help="comma-separated backend names (default: every registered one; "
-                        "einsum always runs as the baseline)")
+                        "the registry's baseline backend always runs)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present, else cpu")
     p.add_argument("--dtypes", type=_names, default=None,
@@ -83,8 +102,36 @@ def run_pipeline(preset: str, out_dir: Path) -> bool:
     return True
 
 
+def overview() -> str:
+    """The top-level help: the commands, one line each."""
+    width = max(map(len, COMMANDS))
+    lines = ["usage: glai-bench COMMAND [ARGS]   (or: python -m bench COMMAND [ARGS])", "",
+             "commands:"]
+    lines += [f"  {name:{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    lines += ["", "`glai-bench COMMAND --help` for a command's options; with no command, or with "
+              "options only, the command is `run`."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Dispatch `argv` (default sys.argv[1:]) to its command; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(overview())
+        return 0
+    if argv and argv[0] in COMMANDS:
+        command, argv = argv[0], argv[1:]
+    else:
+        command = "run"  # `python -m bench --preset quick`, as before the commands
+    if command == "run":
+        return run(argv)
+    module = importlib.import_module(COMMANDS[command][0])
+    status = module.main(argv)
+    return int(status or 0)
+
+
+def run(argv: list[str]) -> int:
+    """`glai-bench run`: the kernel suite, then the pipeline suite."""
     args = parser().parse_args(argv)
     if args.suite in ("kernels", "all"):
         # Triton's CPU interpreter is for the correctness suite; timing it means nothing.
@@ -103,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                                min_time_s=args.min_time, out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
                                threads=args.threads,
-                               command=" ".join(["python -m bench", *argv]))
+                               command=" ".join(["glai-bench run", *argv]))
         except ValueError as e:
-            print(f"python -m bench: {e}", file=sys.stderr)
+            print(f"glai-bench run: {e}", file=sys.stderr)
             return 2
         print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
         for path in output.files:

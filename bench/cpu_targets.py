@@ -1,6 +1,6 @@
 """The C++ extension's CPU targets (issue 7), measured in one run; exits 1 if one misses.
 
-    python -m bench.cpu_targets [--rounds 7] [--threads N]
+    glai-bench cpu-targets [--rounds 7] [--threads N]   (also `python -m bench cpu-targets`)
 
 Targets, each a ratio of times (or rates) taken in the same round, rounds interleaving the
 contenders (A B C A B C ...) so that load from other processes hits them alike; the verdict
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -70,11 +69,12 @@ def forward_call(backend: str, x, act, weight):
     return run
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench cpu-targets",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     build = extension.build()
@@ -156,4 +156,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,11 +1,11 @@
 """The regression dashboard: one static HTML page from the benchmark history, no server.
 
-    python -m bench.dashboard [--history reports/history] [--out reports/dashboard/index.html]
+    glai-bench dashboard [--history reports/history] [--out reports/dashboard/index.html]
     (also `nox -s dashboard`)
 
 The page holds everything inline (PNG plots as data URLs, CSS, a little JavaScript), so it opens
-from a file. Per machine, dtype and pass: each backend's speedup over the einsum oracle and % of
-roofline across the recorded runs, one panel per paper head (a line per backend and batch);
+from a file. Per machine, dtype and pass: each backend's speedup over the baseline backend and
+% of roofline across the recorded runs, one panel per paper head (a line per backend and batch);
 the latest run's full table; the list of runs. Filters (machine, dtype, pass) hide what does not
 match; the URL fragment sets them (`index.html#machine=cpu-2core&dtype=float32`).
 
@@ -29,12 +29,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench import history
+from bench.passes import DTYPES
 from bench.sweeps import PAPER_BATCHES
 from glai_kernels.paper_heads import PAPER_HEADS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "dashboard" / "index.html"
-METRICS = {"speedup_vs_einsum": "speedup over einsum (×)", "roofline_pct": "% of roofline"}
+METRICS = {"speedup_vs_baseline": "speedup over the baseline (×)",
+           "roofline_pct": "% of roofline"}
 LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -61,7 +63,9 @@ def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
     df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs"]]
              .itertuples(index=False)]]
     heads = [h for h in PAPER_HEADS if h in set(df["head"])]
-    backends = sorted(set(df["backend"]), key=lambda b: (b != "einsum", b))
+    # the backend each record's speedups are over: first, and without a speedup line
+    baselines = set(df["baseline"])
+    backends = sorted(set(df["backend"]), key=lambda b: (b not in baselines, b))
     colors = {b: plt.get_cmap("tab10")(i % 10) for i, b in enumerate(backends)}
     fig, axes = plt.subplots(len(METRICS), len(heads), squeeze=False, sharex=True,
                              figsize=(2.6 * len(heads) + 1.2, 5.0))
@@ -75,12 +79,12 @@ def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
                 for k, batch in enumerate(batches):
                     line = sub[(sub["backend"] == backend) & (sub["batch"] == batch)]
                     line = line.dropna(subset=[metric]).sort_values("run")
-                    if line.empty or (metric == "speedup_vs_einsum" and backend == "einsum"):
+                    if line.empty or (metric == "speedup_vs_baseline" and backend in baselines):
                         continue
                     ax.plot(line["run"], line[metric], marker="o", markersize=3,
                             linestyle=LINESTYLES[k % len(LINESTYLES)], color=colors[backend],
                             label=f"{backend} B={batch}")
-            if metric == "speedup_vs_einsum":
+            if metric == "speedup_vs_baseline":
                 ax.axhline(1.0, color="0.6", linewidth=0.8)
             ax.set_title(f"{head} ({PAPER_HEADS[head].dataset})" if row == 0 else "",
                          fontsize=8)
@@ -128,7 +132,7 @@ def latest_table(df: pd.DataFrame) -> str:
                 f"<td>{html.escape(machine)}</td><td>{r['backend']}</td><td>{r['head']}</td>"
                 f"<td>{r['batch']}</td><td>{r['inputs']}</td><td>{r['paths']}</td>"
                 f"<td>{r['outputs']}</td><td>{r['dtype']}</td><td>{r['pass']}</td>"
-                f"<td>{_fmt(time_ms, '.3g')}</td><td>{_fmt(r['speedup_vs_einsum'], '.2f')}</td>"
+                f"<td>{_fmt(time_ms, '.3g')}</td><td>{_fmt(r['speedup_vs_baseline'], '.2f')}</td>"
                 f"<td>{_fmt(r['roofline_pct'], '.1f')}</td><td>{_fmt(r['gflops'], '.1f')}</td>"
                 f"<td>{html.escape(str(r['status']))}</td></tr>")
     return "\n".join(out)
@@ -152,13 +156,13 @@ def _options(name: str, values: list[str]) -> str:
             f'<option value="">all</option>{opts}</select></label>')
 
 
-DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
 PASS_ORDER = ("both", "train", "forward", "backward")
 
 
 def _order(dtype: str, pass_: str) -> tuple[int, int]:
-    """float32 and forward+backward first: what a reader looks for first."""
-    rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
+    """float32 (the contract's first dtype) and forward+backward first: what a reader looks
+    for first."""
+    rank = {name: i for i, name in enumerate(DTYPES)}
     return rank.get(dtype, len(rank)), {p: i for i, p in enumerate(PASS_ORDER)}.get(pass_, 9)
 
 
@@ -194,6 +198,7 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
     page = TEMPLATE.format(
         generated=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         n_records=len(records), machines=html.escape(", ".join(values["machine"])),
+        baselines=html.escape(", ".join(sorted({r.baseline for r in records} - {""})) or "?"),
         filters="\n".join(_options(k, v) for k, v in values.items()),
         figures="\n".join(figures), latest=latest_table(df), runs=_runs_table(records),
         script=SCRIPT)
@@ -218,9 +223,9 @@ label {{ margin-right: 1.5em; }} [hidden] {{ display: none !important; }}
 <body data-status="loading">
 <h1>glai-kernels benchmark dashboard</h1>
 <p>{n_records} recorded runs on {machines}; generated {generated} by
-<code>nox -s dashboard</code> from <code>reports/history/</code>. Speedups are over the einsum
-oracle timed in the same run; % of roofline is against the same run's measured matmul peak and
-copy bandwidth. Absolute times on shared machines are noise: read the ratios.</p>
+<code>nox -s dashboard</code> from <code>reports/history/</code>. Speedups are over the baseline
+backend ({baselines}) timed in the same run; % of roofline is against the same run's measured
+matmul peak and copy bandwidth. Absolute times on shared machines are noise: read the ratios.</p>
 <div id="filters">{filters} <span id="shown"></span></div>
 <h2>Across runs</h2>
 {figures}
@@ -316,7 +321,7 @@ window.addEventListener("load", () => {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__,
+    p = argparse.ArgumentParser(prog="glai-bench dashboard", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--history", type=Path, default=history.HISTORY_DIR)
     p.add_argument("--out", type=Path, default=OUT)
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = render(records, args.out)
     except ValueError as e:
-        print(f"python -m bench.dashboard: {e}")
+        print(f"glai-bench dashboard: {e}")
         return 2
     print(f"wrote {path} ({len(records)} runs); open it in a browser, no server needed")
     return 0

@@ -5,10 +5,10 @@ Hold out k of the N runs, build a baseline from the rest (same margin and floors
 the held-out runs as `bench.gate.check` does: the first run alone, then each ratio's best over
 the first two, the first three. Unchanged, any failure is a false alarm. Planted, the held-out
 runs' ratios are moved as a backend `factor` times slower would move them (its speedups and
-roofline shares divided by `factor`; for the einsum oracle, every other speedup multiplied and
-its own share divided), and a pass is a miss.
+roofline shares divided by `factor`; for the oracle, the registry's baseline backend, every
+other speedup multiplied and its own share divided), and a pass is a miss.
 
-    python -m bench.gate_holdout [reports/baseline/<machine>.json] [--hold 3] [--factor 1.2]
+    glai-bench holdout [reports/baseline/<machine>.json] [--hold 3] [--factor 1.2]
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from pathlib import Path
 import pandas as pd
 
 from bench import gate
-from bench.runner import BASELINE as ORACLE
 
 
 def planted(table: pd.DataFrame, backend: str, factor: float) -> pd.DataFrame:
     """One run's `ratios` table as it would read with `backend` `factor` times slower."""
     out = table.copy()
     mine = out["backend"] == backend
-    if backend == ORACLE:
+    if backend == gate.oracle_name():
         out.loc[~mine & (out["metric"] == "speedup_best"), "value"] *= factor
         out.loc[mine, "value"] /= factor
     else:
@@ -81,7 +80,7 @@ def summary(trials: pd.DataFrame, factor: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gate_holdout", description=__doc__,
+    p = argparse.ArgumentParser(prog="glai-bench holdout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("baseline", type=Path, nargs="?",
                    help="a baseline JSON (default: this machine kind's, if committed)")

@@ -13,6 +13,10 @@ Schema versions: `SCHEMA` is the version written now. `load` reads every older v
 upgrading it step by step (`_UPGRADES`), fills measurement fields an older record lacks with
 None and keeps fields it does not know, so a record stays readable as the schema grows. A
 record newer than this code is skipped with a warning rather than misread.
+
+- schema 1: speedups over einsum, the one baseline then, in `speedup_vs_einsum`;
+- schema 2: the record names its `baseline` backend (the registry's) and the speedup over it
+  is `speedup_vs_baseline`; a schema-1 record reads as baseline "einsum".
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 HISTORY_DIR = ROOT / "reports" / "history"
 KIND = "glai-kernels-bench-record"
-SCHEMA = 1
+SCHEMA = 2
 
 # identify one measurement inside a record
 ROW_KEY: tuple[str, ...] = ("backend", "head", "batch", "inputs", "paths", "outputs", "dtype",
@@ -39,20 +43,29 @@ ROW_KEY: tuple[str, ...] = ("backend", "head", "batch", "inputs", "paths", "outp
 # what a record keeps of each results row (the rest is derivable or bulky)
 ROW_FIELDS: tuple[str, ...] = (
     *ROW_KEY, "sweep", "status", "correct", "winner", "median_s", "q25_s", "q75_s", "min_s",
-    "gflops", "gbps", "roofline_pct", "bound", "speedup_vs_einsum", "speedup_best",
+    "gflops", "gbps", "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best",
     "error_ratio", "peak_mem_bytes", "energy_j", "power_w",
 )
 RECORD_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "device", "device_name",
-                                  "preset", "command")
+                                  "preset", "command", "baseline")
+
+
+def _named_baseline(raw: dict) -> dict:
+    """Schema 1 -> 2: every schema-1 run timed against einsum, hard-wired then as the
+    baseline; its speedup column takes the neutral name."""
+    rows = [{("speedup_vs_baseline" if k == "speedup_vs_einsum" else k): v
+             for k, v in row.items()} for row in raw.get("rows", [])]
+    return {**raw, "schema": 2, "baseline": "einsum", "rows": rows}
 
 
 # version -> function taking a record of that version to the next; add one when SCHEMA grows
-_UPGRADES: dict[int, Callable[[dict], dict]] = {}
+_UPGRADES: dict[int, Callable[[dict], dict]] = {1: _named_baseline}
 
 
 @dataclass(frozen=True)
 class Record:
-    """One run: who/where/what (`RECORD_FIELDS`), the same-run ceilings and the measurements."""
+    """One run: who/where/what (`RECORD_FIELDS`), the same-run ceilings and the measurements.
+    `baseline` is the backend its speedups are over."""
 
     commit: str
     date: str
@@ -61,6 +74,7 @@ class Record:
     device_name: str
     preset: str
     command: str
+    baseline: str
     ceilings: dict
     provenance: dict
     rows: list[dict]
@@ -77,7 +91,7 @@ def make_record(results: dict) -> dict:
         "machine": prov["machine"], "device": prov.get("device", ""),
         "device_name": prov.get("device_name", ""),
         "preset": results.get("preset", {}).get("name", "custom"),
-        "command": results.get("command", ""),
+        "command": results.get("command", ""), "baseline": results.get("baseline", ""),
         "ceilings": results.get("ceilings", {}), "provenance": prov, "rows": rows,
     }
 

@@ -1,8 +1,9 @@
 """The float64 oracle for one benchmark case, computed once and shared by every backend.
 
 The values and their error scales come from `reference` (`forward64`, `abs_forward64`,
-`grads64`, `abs_grads64`) and the verdict from its tolerance table: a benchmark judges a
-backend exactly as the correctness suite does. Rows of y, dx and dact depend only on their
+`grads64`, `abs_grads64`) and the verdict from `reference.verdict.judge` (shape, dtype, error
+under the dtype's tolerance): a benchmark judges a backend exactly as the correctness suite
+does. Rows of y, dx and dact depend only on their
 own batch row, and dweight is a sum over the batch, so the oracle runs in batch chunks: its
 memory stays bounded at any batch size. Results are kept on the CPU.
 """
@@ -14,7 +15,8 @@ from functools import cached_property
 import torch
 
 from bench.passes import Outputs, Tensors
-from reference import abs_forward64, abs_grads64, forward64, grads64, tolerance, worst_error
+from reference import abs_forward64, abs_grads64, forward64, grads64
+from reference.verdict import judge
 
 CHUNK_BYTES = 256 * 2**20
 
@@ -41,6 +43,8 @@ class Oracle:
     """float64 values and error scales of y and the three gradients for one set of inputs."""
 
     def __init__(self, t: Tensors, chunk_bytes: int = CHUNK_BYTES) -> None:
+        # what every output must come back as: the inputs' dtype
+        self.dtype = t.x.dtype
         # one float64 copy up front, not one per chunk
         self.t = Tensors(*(v.detach().to(torch.float64) for v in (t.x, t.act, t.weight, t.dy)))
         b, i = t.x.shape
@@ -80,17 +84,13 @@ class Oracle:
                 "dweight": (dweight, sweight)}
 
     def error_ratio(self, outputs: Outputs, tf32: bool = False) -> float:
-        """The worst error of any output over its dtype's tolerance: <= 1 means correct.
+        """The worst error of any output over its tolerance: <= 1 means correct.
 
-        A wrong shape or a missing output counts as infinitely wrong.
+        A missing output, a wrong shape or a dtype other than the inputs' counts as
+        infinitely wrong (`reference.verdict.judge`).
         """
         worst = 0.0
         for name, actual in outputs.items():
             expected, scale = (self.forward if name == "y" else self.gradients)[name]
-            tol = tolerance(actual.dtype, tf32)
-            try:
-                error = worst_error(actual.cpu(), expected, scale)
-            except ValueError:
-                error = float("inf")
-            worst = max(worst, error / tol)
+            worst = max(worst, judge(actual, expected, scale, self.dtype, tf32).ratio)
         return worst

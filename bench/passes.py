@@ -18,15 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from glai_kernels.contract import GRADIENTS, Pass, Shape
+from glai_kernels.contract import GRADIENTS, SUPPORTED_DTYPES, Pass, Shape
 from glai_kernels.op import estimator, estimator_backward_op, estimator_op
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+# the contract's dtypes by the names presets, results and the command line use ("float32")
+DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in SUPPORTED_DTYPES}
 
 
 def dtype_of(name: str) -> torch.dtype:

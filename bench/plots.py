@@ -2,8 +2,8 @@
 
 - roofline.png: achieved GFLOP/s against arithmetic intensity, every backend's points
   under this run's measured ceilings (one panel per dtype).
-- speedup_heads.png: speedup over einsum, heads × batch, one heatmap per backend.
-- speedup_sweeps.png: speedup over einsum along each one-axis sweep, backends × values.
+- speedup_heads.png: speedup over the baseline backend, heads × batch, one heatmap per backend.
+- speedup_sweeps.png: speedup over the baseline along each one-axis sweep, backends × values.
 - time_vs_batch.png: median time per call against batch, one line per backend, per head.
 - fwd_bwd_split.png: forward and backward time per backend at each head, stacked.
 Speedup and time charts show the pass forward+backward ("both") in the first dtype of the
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm, TwoSlopeNorm
 
+from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
 DPI = 100
@@ -122,8 +123,13 @@ def _speedup_norm(values: pd.Series):
     return LogNorm(vmin=1 / span, vmax=span)
 
 
-def _speedup_colorbar(fig, im, axes) -> None:
-    bar = fig.colorbar(im, ax=axes, label="speedup over einsum (same run)")
+def _baseline(meta: dict) -> str:
+    """The backend the run's speedups are over (results.json's "baseline")."""
+    return meta.get("baseline") or registry.baseline().name
+
+
+def _speedup_colorbar(fig, im, axes, baseline: str) -> None:
+    bar = fig.colorbar(im, ax=axes, label=f"speedup over {baseline} (same run)")
     lo, hi = im.norm.vmin, im.norm.vmax
     ticks = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)
              if lo * (1 - 1e-6) <= 2.0**k <= hi * (1 + 1e-6)]
@@ -134,22 +140,22 @@ def _speedup_colorbar(fig, im, axes) -> None:
 def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     pass_, dtype = _focus(df)
     sub = _ok(df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
-                 & (df["backend"] != "einsum")])
+                 & (df["backend"] != _baseline(meta))])
     if sub.empty:
         return None
     backends = list(dict.fromkeys(sub["backend"]))
-    norm = _speedup_norm(sub["speedup_vs_einsum"])
+    norm = _speedup_norm(sub["speedup_vs_baseline"])
     fig, axes = plt.subplots(1, len(backends), figsize=(max(8, 4.2 * len(backends) + 1), 4.5),
                              squeeze=False, layout="constrained")
     im = None
     for ax, backend in zip(axes[0], backends, strict=True):
         grid = (df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
                    & (df["backend"] == backend)]
-                .pivot_table(index="head", columns="batch", values="speedup_vs_einsum",
+                .pivot_table(index="head", columns="batch", values="speedup_vs_baseline",
                              aggfunc="first", dropna=False))
         im = _heatmap(ax, grid, backend, "batch B", "head", norm)
-    _speedup_colorbar(fig, im, axes[0].tolist())
-    fig.suptitle(f"Speedup over the einsum oracle, paper heads, {pass_} pass, {dtype} "
+    _speedup_colorbar(fig, im, axes[0].tolist(), _baseline(meta))
+    fig.suptitle(f"Speedup over the {_baseline(meta)} baseline, paper heads, {pass_} pass, {dtype} "
                  f"(– = not measured)\n{_subtitle(meta)}", fontsize=10)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -159,11 +165,11 @@ def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
 def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     pass_, dtype = _focus(df)
     sub = df[(df["sweep"] != "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
-             & (df["backend"] != "einsum")]
+             & (df["backend"] != _baseline(meta))]
     sweeps = list(dict.fromkeys(sub["sweep"]))
     if _ok(sub).empty:
         return None
-    norm = _speedup_norm(_ok(sub)["speedup_vs_einsum"])
+    norm = _speedup_norm(_ok(sub)["speedup_vs_baseline"])
     height = 1.5 + len(sweeps) * (0.6 + 0.45 * sub["backend"].nunique())
     fig, axes = plt.subplots(len(sweeps), 1, figsize=(9, height), squeeze=False,
                              layout="constrained")
@@ -172,12 +178,12 @@ def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     for ax, sweep in zip(axes[:, 0], sweeps, strict=True):
         s = sub[sub["sweep"] == sweep]
         axis = axis_of[sweep.split("@")[0]]
-        grid = s.pivot_table(index="backend", columns=axis, values="speedup_vs_einsum",
+        grid = s.pivot_table(index="backend", columns=axis, values="speedup_vs_baseline",
                              aggfunc="first", dropna=False)
         im = _heatmap(ax, grid, sweep, axis, "", norm)
-    _speedup_colorbar(fig, im, axes[:, 0].tolist())
-    fig.suptitle(f"Speedup over einsum along each one-axis sweep, {pass_} pass, {dtype}\n"
-                 f"{_subtitle(meta)}", fontsize=10)
+    _speedup_colorbar(fig, im, axes[:, 0].tolist(), _baseline(meta))
+    fig.suptitle(f"Speedup over {_baseline(meta)} along each one-axis sweep, {pass_} pass, "
+                 f"{dtype}\n{_subtitle(meta)}", fontsize=10)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

@@ -10,7 +10,7 @@ tensor-core rates, no sparsity); a real kernel reaches some fraction of both. Th
 suite measures the same cases on a CUDA machine (`nox -s bench -- --preset full --backends
 triton,torch,einsum`) and can label these rows as predictions next to its measurements.
 
-    python -m bench.predict          # the Markdown tables in bench/NOTES.md ("Triton backend")
+    glai-bench predict    # the Markdown tables in bench/NOTES.md ("Triton backend")
 """
 
 from __future__ import annotations
@@ -132,9 +132,14 @@ def markdown(rows: Sequence[Prediction]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="glai-bench predict", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     print(markdown(predictions()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

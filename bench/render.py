@@ -1,5 +1,5 @@
-"""`python -m bench.render DIR`: redraw the charts and summary.md of a finished run from its
-results.csv and results.json, without measuring anything again."""
+"""`glai-bench render DIR` (or `python -m bench.render DIR`): redraw the charts and summary.md
+of a finished run from its results.csv and results.json, without measuring anything again."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def render(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.render", description=__doc__)
+    p = argparse.ArgumentParser(prog="glai-bench render", description=__doc__)
     p.add_argument("out_dir", type=Path, help="a folder written by python -m bench")
     for path in render(p.parse_args(argv).out_dir):
         print(f"wrote {path}")

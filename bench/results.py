@@ -3,10 +3,10 @@
 Raw measurements come from `bench.runner`; this module adds what follows from them and the
 contract: FLOPs and fewest bytes (`Shape.flops` / `Shape.min_bytes` via `bench.passes`),
 GFLOP/s, GB/s, arithmetic intensity, the roofline floor and % of it under this run's
-ceilings, the speedup over the einsum baseline measured in the same run (of the medians:
-`speedup_vs_einsum`; of the fastest samples, steadier on a loaded machine: `speedup_best`),
-and the winner of each (shape, dtype, pass): the fastest (median) backend whose outputs
-matched the oracle.
+ceilings, the speedup over the registry's baseline backend (`registry.baseline()`, einsum for
+the dense op) measured in the same run (of the medians: `speedup_vs_baseline`; of the fastest
+samples, steadier on a loaded machine: `speedup_best`), and the winner of each (shape, dtype,
+pass): the fastest (median) backend whose outputs matched the oracle.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pandas as pd
 from bench.ceilings import Ceilings
 from bench.passes import PASSES, dtype_of
 from bench.provenance import ROW_FIELDS
+from glai_kernels import registry
 from glai_kernels.contract import Shape
 
 KEY_COLUMNS: tuple[str, ...] = ("backend", "batch", "inputs", "paths", "outputs", "dtype",
@@ -27,13 +28,14 @@ KEY_COLUMNS: tuple[str, ...] = ("backend", "batch", "inputs", "paths", "outputs"
 MEASURE_COLUMNS: tuple[str, ...] = (
     "status", "correct", "winner", "median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples",
     "calls", "first_call_s", "flops", "bytes", "gflops", "gbps", "intensity", "floor_s",
-    "roofline_pct", "bound", "speedup_vs_einsum", "speedup_best", "error_ratio", "peak_mem_bytes",
+    "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best", "error_ratio", "peak_mem_bytes",
     "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note",
 )
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + MEASURE_COLUMNS + ROW_FIELDS
 # one measurement, whichever sweeps report it
 MEASUREMENT_KEY = ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
-CASE_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
+# what the backends of one run are compared over (speedups, the winner)
+COMPARISON_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
 
 
 def _costs(row: pd.Series, ceilings: Ceilings) -> pd.Series:
@@ -46,8 +48,11 @@ def _costs(row: pd.Series, ceilings: Ceilings) -> pd.Series:
                       "bound": ceilings.bound(flops, nbytes, row["dtype"])})
 
 
-def table(rows: list[dict], ceilings: Ceilings, provenance: dict) -> pd.DataFrame:
-    """The full results table, every column of COLUMNS, in that order."""
+def table(rows: list[dict], ceilings: Ceilings, provenance: dict,
+          baseline: str | None = None) -> pd.DataFrame:
+    """The full results table, every column of COLUMNS, in that order; speedups are over
+    the backend `baseline` (default: the registry's baseline backend)."""
+    baseline = baseline or registry.baseline().name
     df = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in df:
@@ -60,8 +65,8 @@ def table(rows: list[dict], ceilings: Ceilings, provenance: dict) -> pd.DataFram
     df["gflops"] = (df["flops"] / df["median_s"] / 1e9).where(timed)
     df["gbps"] = (df["bytes"] / df["median_s"] / 1e9).where(timed)
     df["roofline_pct"] = (100 * df["floor_s"] / df["median_s"]).where(timed)
-    df["speedup_vs_einsum"] = _speedup(df, "median_s").where(timed)
-    df["speedup_best"] = _speedup(df, "min_s").where(timed)
+    df["speedup_vs_baseline"] = _speedup(df, "median_s", baseline).where(timed)
+    df["speedup_best"] = _speedup(df, "min_s", baseline).where(timed)
     df["winner"] = _winners(df)
     for name in ROW_FIELDS:
         df[name] = provenance.get(name, "")
@@ -69,21 +74,21 @@ def table(rows: list[dict], ceilings: Ceilings, provenance: dict) -> pd.DataFram
     return df[list(COLUMNS)]
 
 
-def _speedup(df: pd.DataFrame, column: str) -> pd.Series:
-    """The einsum baseline's `column` over each row's, for the same shape, dtype and pass."""
-    baseline = (df[(df["backend"] == "einsum") & (df["status"] == "ok")]
-                .drop_duplicates(CASE_KEY).set_index(CASE_KEY)[column])
-    base = df.set_index(CASE_KEY).index.map(baseline.to_dict().get)
+def _speedup(df: pd.DataFrame, column: str, backend: str) -> pd.Series:
+    """The baseline `backend`'s `column` over each row's, for the same shape, dtype and pass."""
+    baseline = (df[(df["backend"] == backend) & (df["status"] == "ok")]
+                .drop_duplicates(COMPARISON_KEY).set_index(COMPARISON_KEY)[column])
+    base = df.set_index(COMPARISON_KEY).index.map(baseline.to_dict().get)
     return pd.Series(base, index=df.index, dtype=float) / df[column]
 
 
 def _winners(df: pd.DataFrame) -> pd.Series:
     """True for the fastest correct backend of each (shape, dtype, pass)."""
     eligible = df[(df["status"] == "ok") & (df["correct"] == True)]  # noqa: E712
-    fastest = eligible.loc[eligible.groupby(CASE_KEY)["median_s"].idxmin()]
-    wins = set(map(tuple, fastest[["backend", *CASE_KEY]].to_numpy().tolist()))
-    return pd.Series([tuple(r) in wins for r in df[["backend", *CASE_KEY]].to_numpy().tolist()],
-                     index=df.index)
+    fastest = eligible.loc[eligible.groupby(COMPARISON_KEY)["median_s"].idxmin()]
+    keys = ["backend", *COMPARISON_KEY]
+    wins = set(map(tuple, fastest[keys].to_numpy().tolist()))
+    return pd.Series([tuple(r) in wins for r in df[keys].to_numpy().tolist()], index=df.index)
 
 
 def write(df: pd.DataFrame, out_dir: Path, meta: dict) -> tuple[Path, Path]:

@@ -35,7 +35,6 @@ from glai_kernels.contract import Shape
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
 
-BASELINE = "einsum"
 # the share of free memory a case may plan to use
 MEMORY_FRACTION = 0.7
 # a backend whose warmed-up call takes longer than this many times the preset's limit
@@ -67,16 +66,18 @@ def select_backends(requested: Sequence[str] | None, device: torch.device,
                     log: Callable[[str], None] = print) -> tuple[list[str], dict[str, str]]:
     """(backends to run, {unavailable backend: reason}), the baseline first.
 
-    Unknown names raise ValueError listing the registered ones. The einsum baseline joins
-    every run (speedups are measured against it in the same run).
+    Unknown names raise ValueError listing the registered ones. The registry's baseline
+    backend (`registry.baseline()`) joins every run: speedups are measured against it in the
+    same run.
     """
     names = list(requested) if requested else registry.names()
     for name in names:
         registry.get(name)
-    if BASELINE not in names:
-        log(f"adding the {BASELINE!r} backend: speedups are measured against it")
-        names.insert(0, BASELINE)
-    names.sort(key=lambda n: n != BASELINE)
+    baseline = registry.baseline().name
+    if baseline not in names:
+        log(f"adding the {baseline!r} backend: speedups are measured against it")
+        names.insert(0, baseline)
+    names.sort(key=lambda n: n != baseline)
     run, unavailable = [], {}
     for name in names:
         reason = registry.get(name).unsupported_reason(device.type)

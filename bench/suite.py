@@ -22,6 +22,7 @@ from bench import memory, provenance, results
 from bench.energy import EnergyMeter
 from bench.runner import Context, cases_for, run_cases, select_backends
 from bench.sweeps import PRESETS, Preset
+from glai_kernels import registry
 
 
 @dataclass
@@ -101,6 +102,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
                    "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
                                                                  for p in c.passes})},
         "backends": names,
+        # what speedup_vs_baseline and speedup_best are over
+        "baseline": registry.baseline().name,
         "unavailable": unavailable,
         "ceilings": ceilings.as_dict(),
         "memory_method": memory.MEMORY_METHOD[dev.type],

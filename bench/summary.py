@@ -2,7 +2,7 @@
 
 The machine and provenance, the measured ceilings, which backends ran (and why others did
 not), the winning backend per paper head and batch for every dtype and pass, the
-torch-vs-einsum ratio at A1 B=256, skipped and wrong measurements, and the charts.
+torch-vs-baseline ratio at A1 B=256, skipped and wrong measurements, and the charts.
 """
 
 from __future__ import annotations
@@ -12,22 +12,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
 FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 
 
 def _cell(row: pd.Series) -> str:
-    speedup = row["speedup_vs_einsum"]
-    s = f" {speedup:.2f}×" if pd.notna(speedup) else " (einsum not measured)"
+    speedup = row["speedup_vs_baseline"]
+    s = f" {speedup:.2f}×" if pd.notna(speedup) else " (baseline not measured)"
     roof = row["roofline_pct"]
     r = f", {roof:.0f}% roof" if pd.notna(roof) else ""
     return f"**{row['backend']}**{s}{r}"
 
 
 def winners_table(df: pd.DataFrame, dtype: str, pass_: str) -> str | None:
-    """Markdown table: heads × batch, the fastest correct backend, its speedup over einsum
-    and % of roofline."""
+    """Markdown table: heads × batch, the fastest correct backend, its speedup over the
+    baseline backend and % of roofline."""
     sub = df[(df["sweep"] == "heads") & (df["dtype"] == dtype) & (df["pass"] == pass_)]
     if sub.empty:
         return None
@@ -49,18 +50,19 @@ def winners_table(df: pd.DataFrame, dtype: str, pass_: str) -> str | None:
     return "\n".join(lines)
 
 
-def _ratio_line(df: pd.DataFrame) -> list[str]:
+def _ratio_line(df: pd.DataFrame, baseline: str) -> list[str]:
     shape = PAPER_HEADS[FOCUS_HEAD].shape(FOCUS_BATCH).as_dict()
     at = (df[list(shape)] == pd.Series(shape)).all(axis=1)
     sub = df[at & (df["backend"] == "torch") & (df["status"] == "ok")].drop_duplicates(
         ["dtype", "pass"])
     if sub.empty:
         return []
-    out = [f"## torch against einsum at {FOCUS_HEAD}, B={FOCUS_BATCH}", "",
-           "| dtype | pass | torch / einsum speedup (medians, same run) | torch median | IQR |",
+    out = [f"## torch against {baseline} at {FOCUS_HEAD}, B={FOCUS_BATCH}", "",
+           f"| dtype | pass | torch / {baseline} speedup (medians, same run) | torch median "
+           f"| IQR |",
            "|---|---|---|---|---|"]
     for _, r in sub.iterrows():
-        out.append(f"| {r['dtype']} | {r['pass']} | {r['speedup_vs_einsum']:.2f}× | "
+        out.append(f"| {r['dtype']} | {r['pass']} | {r['speedup_vs_baseline']:.2f}× | "
                    f"{1e3 * r['median_s']:.3g} ms | {1e3 * r['iqr_s']:.2g} ms |")
     return [*out, ""]
 
@@ -84,6 +86,7 @@ def _predictions() -> list[str]:
 def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     """The page; `charts` are the file names under plots/ to show."""
     p, c = meta["provenance"], meta["ceilings"]
+    baseline = meta.get("baseline") or registry.baseline().name
     preset = meta["preset"]
     lines = [
         f"# Kernel benchmarks on {p['machine']}",
@@ -95,7 +98,8 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
         f"(or `nox -s bench -- ARGS`). Preset: {preset['description']}.",
         "",
         "Every number is a median over interleaved rounds with its interquartile range in "
-        "results.csv; speedups are ratios to the einsum oracle timed in the same run, and "
+        f"results.csv; speedups are ratios to the baseline backend ({baseline}) timed in the "
+        "same run, and "
         "% of roofline is against ceilings measured in the same run. A backend whose output "
         "misses the float64 oracle is flagged `wrong` and can never win. Method: "
         "[bench/NOTES.md](../../../bench/NOTES.md#benchmark-suite).",
@@ -124,7 +128,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
         lines.append(f"- `{name}` unavailable on {p['device']}: {reason}")
     lines += ["", "## Winning backend per paper head", "",
               "The fastest backend whose outputs matched the float64 oracle, its speedup over "
-              "einsum and its % of the roofline floor.", ""]
+              f"the baseline ({baseline}) and its % of the roofline floor.", ""]
     if (df["roofline_pct"] > 100).any():
         lines += ["A share above 100% is not an error: the roofline's compute ceiling is this "
                   "run's own `torch.mm` rate (the machine's matmul as torch reaches it), not the "
@@ -137,7 +141,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
             t = winners_table(df, dtype, pass_)
             if t:
                 lines += [f"### {dtype}, {pass_}", "", t, ""]
-    lines += _ratio_line(df)
+    lines += _ratio_line(df, baseline)
     wrong = df[df["status"] == "wrong"].drop_duplicates(
         ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass"])
     lines += ["## Wrong results", ""]

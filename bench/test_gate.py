@@ -217,7 +217,7 @@ def test_check_re_measures_in_fresh_processes_until_a_run_passes(tmp_path, monke
         calls.append((preset, device, plant))
         return queue.pop(0)
 
-    monkeypatch.setattr(gate, "measure_fresh", fresh)
+    monkeypatch.setattr(gate.measuring, "measure_fresh", fresh)
     passed, text = gate.check(baseline_dir=tmp_path, fresh=True, plant="torch=1.3",
                               log=lambda _: None)
     assert passed, text  # the third run was not slow: no regression in every run

@@ -21,15 +21,15 @@ def results(commit: str = "a" * 40, date: str = "2026-11-22T03:00:00+00:00",
             "dtype": "float32", "pass": "forward", "device": "cpu", "sweep": "heads",
             "status": "ok", "correct": True}
     return {
-        "command": "python -m bench --preset quick",
+        "command": "python -m bench --preset quick", "baseline": "einsum",
         "provenance": {"commit": commit, "date": date, "machine": machine, "device": "cpu",
                        "device_name": "AMD EPYC", "load_average": 0.5},
         "preset": {"name": "quick"},
         "ceilings": {"matmul_flops": {"float32": 2e11}},
-        "rows": [{**case, "backend": "einsum", "median_s": 2e-3, "speedup_vs_einsum": 1.0,
+        "rows": [{**case, "backend": "einsum", "median_s": 2e-3, "speedup_vs_baseline": 1.0,
                   "roofline_pct": 10.0, "winner": False, "extra_column": 1},
                  {**case, "backend": "torch", "median_s": 2e-3 / speedup,
-                  "speedup_vs_einsum": speedup, "roofline_pct": 10.0 * speedup,
+                  "speedup_vs_baseline": speedup, "roofline_pct": 10.0 * speedup,
                   "winner": True}],
     }
 
@@ -42,7 +42,7 @@ def test_append_then_load_round_trips(tmp_path):
     assert [r.path for r in records] == [first, second]  # oldest first
     assert records[1].commit == "2" * 40 and records[1].preset == "quick"
     torch_row = next(r for r in records[1].rows if r["backend"] == "torch")
-    assert torch_row["speedup_vs_einsum"] == 3.0
+    assert torch_row["speedup_vs_baseline"] == 3.0
     assert "extra_column" not in records[0].rows[0]  # a record keeps only ROW_FIELDS
     frame = history.frame(records)
     assert len(frame) == 4 and set(frame["commit"]) == {"1" * 40, "2" * 40}
@@ -112,21 +112,38 @@ def test_older_rows_missing_newer_fields_still_load(tmp_path):
 
 
 def test_a_schema_bump_reads_old_records_through_its_upgrade(tmp_path, monkeypatch):
-    """What a future schema 2 would do: rename a field, and upgrade schema-1 files on load."""
-    old = history.append(results(speedup=4.0), tmp_path)  # written at schema 1
+    """What a future schema would do: rename a field, and upgrade older files on load."""
+    old = history.append(results(speedup=4.0), tmp_path)  # written at the current schema
+    now = history.SCHEMA
 
     def rename_speedup(raw: dict) -> dict:
-        rows = [{**{k: v for k, v in r.items() if k != "speedup_vs_einsum"},
-                 "speedup": r["speedup_vs_einsum"]} for r in raw["rows"]]
-        return {**raw, "rows": rows, "schema": 2}
+        rows = [{**{k: v for k, v in r.items() if k != "speedup_vs_baseline"},
+                 "speedup": r["speedup_vs_baseline"]} for r in raw["rows"]]
+        return {**raw, "rows": rows, "schema": now + 1}
 
-    monkeypatch.setattr(history, "SCHEMA", 2)
-    monkeypatch.setattr(history, "_UPGRADES", {1: rename_speedup})
+    monkeypatch.setattr(history, "SCHEMA", now + 1)
+    monkeypatch.setattr(history, "_UPGRADES", {**history._UPGRADES, now: rename_speedup})
     monkeypatch.setattr(history, "ROW_FIELDS", tuple(
-        "speedup" if f == "speedup_vs_einsum" else f for f in history.ROW_FIELDS))
+        "speedup" if f == "speedup_vs_baseline" else f for f in history.ROW_FIELDS))
     [record] = history.load(tmp_path)
     assert record.path == old
     assert next(r for r in record.rows if r["backend"] == "torch")["speedup"] == 4.0
+
+
+def test_a_schema_1_record_reads_as_timed_against_einsum(tmp_path):
+    """Schema 1 hard-wired einsum as the baseline and called its speedup speedup_vs_einsum."""
+    raw = history.make_record(results(speedup=4.0))
+    del raw["baseline"]
+    raw["schema"] = 1
+    raw["rows"] = [{("speedup_vs_einsum" if k == "speedup_vs_baseline" else k): v
+                    for k, v in row.items()} for row in raw["rows"]]
+    path = tmp_path / "cpu-2core" / "old.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(raw))
+    [record] = history.load(tmp_path)
+    assert record.baseline == "einsum"
+    torch_row = next(r for r in record.rows if r["backend"] == "torch")
+    assert torch_row["speedup_vs_baseline"] == 4.0 and "speedup_vs_einsum" not in torch_row
 
 
 def test_a_record_newer_than_the_code_is_skipped_with_a_warning(tmp_path):

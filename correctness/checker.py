@@ -13,7 +13,7 @@ import torch
 
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
 from reference.inputs import Gates
-from reference.tolerance import worst_error
+from reference.verdict import judge
 
 EstimatorFn = Callable[..., torch.Tensor]
 
@@ -81,15 +81,10 @@ def check(
     failures: list[Mismatch] = []
 
     def compare(quantity: str, actual: torch.Tensor | None, expected, scale) -> None:
-        if actual is None:
-            failures.append(Mismatch(f"{quantity} (missing)", float("inf"), tol))
-            return
-        try:
-            error = worst_error(actual, expected, scale)
-        except ValueError:
-            error = float("inf")
-        if not error <= tol or actual.dtype != dtype:
-            failures.append(Mismatch(quantity, error, tol))
+        verdict = judge(actual, expected, scale, dtype, tf32)
+        if not verdict.ok:
+            name = f"{quantity} ({verdict.reason})" if verdict.reason else quantity
+            failures.append(Mismatch(name, verdict.error, verdict.tolerance))
 
     x, act, weight = tensors["x"], tensors["act"], tensors["weight"]
     b = tensors.get("bias")

@@ -7,10 +7,11 @@ import torch
 from checker import Layout, check
 
 import glai_kernels
+from glai_kernels.contract import SUPPORTED_DTYPES
 from glai_kernels.paper_heads import PAPER_HEADS
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
+DTYPES = SUPPORTED_DTYPES
+DTYPE_IDS = [str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES]
 
 # (B, I, P, O): sizes of 1, 7, 127 and 129 in each position, P = 1 and O = 1.
 SHAPES = {

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "estimator_kernels.cu"
 EMULATION = Path(__file__).resolve().parent / "cuda_emulation"
 
-DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# the kernels' dtype codes (estimator_kernels.cu), not a list of dtypes
+DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 PRODUCTS = {"y": 0, "dx": 1, "dact": 2, "dweight": 3}
 INVALID_VALUE = 1  # cudaErrorInvalidValue
 
@@ -75,7 +76,7 @@ def _problem(x, act, weight, dy, dtype) -> Problem:
     b, i = x.shape
     o, _, p = weight.shape
     return Problem(x.data_ptr(), act.data_ptr(), weight.data_ptr(),
-                   dy.data_ptr() if dy is not None else None, b, i, p, o, DTYPES[dtype])
+                   dy.data_ptr() if dy is not None else None, b, i, p, o, DTYPE_CODES[dtype])
 
 
 def _run(lib, problem: Problem, product: str, splits: int, shape, dtype) -> torch.Tensor:

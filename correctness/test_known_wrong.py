@@ -36,6 +36,15 @@ def test_checker_rejects_half_accumulation_at_long_sums():
                  positive=True) == []
 
 
+def test_checker_rejects_a_wrong_output_dtype():
+    """Right values in the wrong dtype (float32 from bfloat16 inputs) are wrong."""
+    def widened(x, act, weight, bias):
+        return listing1_forward(x.float(), act.float(), weight.float(), bias.float())
+
+    failures = check(widened, 6, 5, 4, 3, dtype=torch.bfloat16, seed=9, grads=())
+    assert [f.quantity for f in failures] == ["y (dtype torch.float32, expected torch.bfloat16)"]
+
+
 def test_checker_rejects_a_wrong_registered_backend():
     def forward(x, act, weight):  # forgets that act gates the paths
         return torch.einsum("bi,ois->bo", x, weight)

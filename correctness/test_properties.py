@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 from backends_under_test import backends_under_test
 from checker import check
 from hypothesis import HealthCheck, given, settings
@@ -12,13 +11,14 @@ from hypothesis import strategies as st
 
 import glai_kernels
 from glai_kernels import registry
+from glai_kernels.contract import SUPPORTED_DTYPES
 
 EXAMPLES = int(os.environ.get("GLAI_HYPOTHESIS_EXAMPLES", "12"))
 
 cases = st.fixed_dictionaries({
     "shape": st.tuples(st.integers(0, 9), st.integers(1, 9), st.integers(1, 9),
                        st.integers(1, 9)),
-    "dtype": st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    "dtype": st.sampled_from(SUPPORTED_DTYPES),
     "gates": st.sampled_from(["binary", "soft"]),
     "bias": st.booleans(),
     "grads": st.sets(st.sampled_from(["x", "act", "weight", "bias"])),

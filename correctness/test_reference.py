@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from glai_kernels.contract import SUPPORTED_DTYPES
 from reference import (
+    TOLERANCE,
     abs_forward64,
     forward64,
     grads64,
@@ -18,6 +20,7 @@ from reference import (
     make_inputs,
     worst_error,
 )
+from reference.verdict import judge
 
 SHAPES = [(1, 1, 1, 1), (3, 4, 5, 2), (5, 2, 7, 3)]
 
@@ -81,3 +84,18 @@ def test_inputs_are_seeded_and_never_zero():
     assert not torch.equal(a.x, c.x)
     assert torch.count_nonzero(a.x) == a.x.numel()
     assert set(a.act.unique().tolist()) == {0.0, 1.0}
+
+
+def test_every_supported_dtype_has_one_tolerance():
+    """The tolerance table covers the contract's dtype list, and nothing else."""
+    assert set(TOLERANCE) == set(SUPPORTED_DTYPES)
+
+
+def test_the_verdict_checks_presence_shape_and_dtype():
+    expected = torch.ones(2, 3, dtype=torch.float64)
+    good = judge(expected.float(), expected, expected, torch.float32)
+    assert good.ok and good.reason == "" and good.ratio == 0.0
+    for actual, reason in ((None, "missing"), (torch.ones(3, 2), "shape"),
+                           (expected.half(), "dtype torch.float16, expected torch.float32")):
+        verdict = judge(actual, expected, expected, torch.float32)
+        assert not verdict.ok and verdict.error == math.inf and verdict.reason.startswith(reason)

@@ -23,6 +23,7 @@ from checker import check
 
 import glai_kernels
 from glai_kernels import registry
+from glai_kernels.contract import SUPPORTED_DTYPES
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import (
     abs_forward64,
@@ -44,8 +45,8 @@ DEVICE = next((d for d in ("cuda", "cpu") if registry.get("triton").unsupported_
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="the triton backend cannot run here: "
                                 f"{registry.get('triton').unsupported_reason('cpu')}")
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
+DTYPES = SUPPORTED_DTYPES
+DTYPE_IDS = [str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES]
 ROOT = Path(__file__).resolve().parents[1]
 
 

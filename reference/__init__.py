@@ -10,6 +10,8 @@ installed).
   independent oracle that checks the first.
 - `inputs`: seeded random inputs (never zeros) shared by the tests and the benchmarks.
 - `tolerance`: the one per-dtype tolerance table and the closeness check built on it.
+- `verdict`: the one verdict (`judge`) that the tests and the benchmarks both apply to a
+  backend's result: present, the right shape and dtype, and within the dtype's tolerance.
 """
 
 from glai_kernels.backends.einsum import listing1_backward, listing1_forward
@@ -17,9 +19,11 @@ from reference.float64 import Gradients, abs_forward64, abs_grads64, forward64, 
 from reference.inputs import Inputs, make_inputs
 from reference.loops import loops_backward, loops_forward
 from reference.tolerance import TOLERANCE, is_close, tolerance, worst_error
+from reference.verdict import Verdict, judge
 
 __all__ = [
     "TOLERANCE",
+    "Verdict",
     "Gradients",
     "Inputs",
     "abs_forward64",
@@ -27,6 +31,7 @@ __all__ = [
     "forward64",
     "grads64",
     "is_close",
+    "judge",
     "listing1_backward",
     "listing1_forward",
     "loops_backward",

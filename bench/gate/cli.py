@@ -1,0 +1,80 @@
+"""`python -m bench.gate check|accept|measure` (also `glai-bench gate ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import bench.gate
+from bench.gate.measuring import check, measure, measure_fresh, save_run
+from bench.gate.reporting import spread_summary
+from bench.gate.store import BASELINE_DIR, accept
+from bench.planted import from_spec
+
+
+def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
+    """The gate's command line: subcommands check, accept and measure."""
+    p = argparse.ArgumentParser(prog=prog, description=bench.gate.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check", help="measure the quick preset and compare with the baseline")
+    c.add_argument("--results", type=Path, help="compare this results.json instead of measuring")
+    c.add_argument("--confirm", type=int, default=2,
+                   help="re-measurements before a failure stands (default 2)")
+    c.add_argument("--save", type=Path, metavar="DIR",
+                   help="keep each measured run's results as DIR/gate-run-N.json")
+    a = sub.add_parser("accept", help="write a new baseline for this machine kind, on purpose")
+    a.add_argument("--runs", type=int, default=10,
+                   help="runs of unchanged code, each in a fresh process (default 10)")
+    a.add_argument("--results", type=Path, nargs="+",
+                   help="build it from these results.json files instead of measuring")
+    a.add_argument("--note", default="", help="why the baseline changed (kept in the file)")
+    a.add_argument("--margin", type=float, default=1.5)
+    a.add_argument("--case-floor", type=float, default=0.10)
+    a.add_argument("--group-floor", type=float, default=0.05)
+    m = sub.add_parser("measure", help="one run in this process, written to --out (what "
+                                       "check and accept start in a fresh process per run)")
+    m.add_argument("--out", type=Path, required=True)
+    for sp in (c, m):
+        sp.add_argument("--plant", metavar="BACKEND=FACTOR",
+                        help="slow BACKEND down FACTOR times (e.g. torch=1.25) to see the "
+                             "gate fail")
+    for sp in (c, a, m):
+        sp.add_argument("--preset", default="quick")
+        sp.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    for sp in (c, a):
+        sp.add_argument("--baseline-dir", type=Path, default=BASELINE_DIR)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
+    args = parser(prog).parse_args(argv)
+
+    if args.command == "measure":
+        if args.plant:
+            print(f"planted: backend slowed, {args.plant}")
+        with from_spec(args.plant):
+            result = measure(args.preset, device=args.device)
+        save_run(args.out, result)
+        return 0
+    if args.command == "check":
+        results = json.loads(args.results.read_text()) if args.results else None
+        passed, text = check(results, baseline_dir=args.baseline_dir, confirm=args.confirm,
+                             preset=args.preset, device=args.device, save_dir=args.save,
+                             fresh=True, plant=args.plant)
+        print(text)
+        return 0 if passed else 1
+    if args.results:
+        runs = [json.loads(f.read_text()) for f in args.results]
+    else:
+        runs = []
+        for i in range(args.runs):
+            print(f"baseline run {i + 1} of {args.runs}, in a fresh process")
+            runs.append(measure_fresh(args.preset, device=args.device))
+    path, baseline = accept(runs, baseline_dir=args.baseline_dir, note=args.note,
+                            margin=args.margin, case_floor=args.case_floor,
+                            group_floor=args.group_floor)
+    print(spread_summary(baseline))
+    print(f"wrote {path}; commit it with a message saying why the baseline moved")
+    return 0
