@@ -23,9 +23,9 @@ from reference.verdict import Verdict, judge
 
 __all__ = [
     "TOLERANCE",
-    "Verdict",
     "Gradients",
     "Inputs",
+    "Verdict",
     "abs_forward64",
     "abs_grads64",
     "forward64",
