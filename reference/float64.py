@@ -1,4 +1,4 @@
-"""SPEC §1's formulas, written out and evaluated in float64.
+"""docs/ARCHITECTURE.md §1's formulas, written out and evaluated in float64.
 
 `forward64` and `grads64` are the values every backend is compared with. `abs_forward64` and
 `abs_grads64` evaluate the same sums over absolute values: the standard bound on the rounding
@@ -38,7 +38,7 @@ def forward64(
 def grads64(
     dy: torch.Tensor, x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor
 ) -> Gradients:
-    """The four gradients of SPEC §1 for upstream gradient dy [B, O], in float64."""
+    """The four gradients of docs/ARCHITECTURE.md §1 for upstream gradient dy [B, O], in float64."""
     dy, x, act, weight = _f64(dy, x, act, weight)
     return Gradients(
         x=torch.einsum("bo,ois,bs->bi", dy, weight, act),

@@ -8,7 +8,7 @@ wanders far less between runs than the median: bench/NOTES.md, 'Regression gate'
   op) over the backend's, timed in the same run (not gated for the oracle itself, where it is
   1 by definition);
 - `roofline_best_pct`: the roofline floor (the same run's matmul peak and copy bandwidth,
-  SPEC §2's FLOP and byte counts) over the backend's time, in percent.
+  docs/ARCHITECTURE.md §2's FLOP and byte counts) over the backend's time, in percent.
 
 A baseline (`reports/baseline/<machine>.json`) is built from N runs of unchanged code: for every
 measurement the median of each ratio over the runs and the largest deviation of a single run

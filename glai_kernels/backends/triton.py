@@ -1,6 +1,6 @@
 """`triton`: fused Triton kernels that never store [B, I, P] or [B, O, P] in global memory.
 
-The op as one GEMM (SPEC §2): M = B, N = O, K = I*P, with the left operand
+The op as one GEMM (docs/ARCHITECTURE.md §2): M = B, N = O, K = I*P, with the left operand
 U[b, k] = x[b, k // P] * act[b, k % P] formed tile by tile in registers, and weight viewed
 [O, I*P] (contiguous in k). Three kernels, each shape in the comments is a tile in registers:
 
@@ -35,7 +35,7 @@ Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*
 """
 
 # Kernel arguments follow Triton's convention (compile-time constants in capitals) and the
-# SPEC's size names B, I, P, O, K, so the lowercase-argument and ambiguous-name rules are off.
+# the contract's size names (docs/ARCHITECTURE.md §1) B, I, P, O, K, so the lowercase-argument and ambiguous-name rules are off.
 # ruff: noqa: N803, E741
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Structural convergence (the paper's Section 3.6): when has the reduced MLP's activation
 structure settled enough to freeze it?
 
-Path distance between epochs t and t+1 over a reference set Ω (SPEC §4.7):
+Path distance between epochs t and t+1 over a reference set Ω (docs/ARCHITECTURE.md §4.7):
 
     m_t = (1/#paths) Σ_p d(c_p^t, c_p^{t+1}),   d(π, π') = (1/|Ω|) Σ_{x in Ω: ind differs} |x_i|
 
