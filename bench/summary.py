@@ -133,7 +133,8 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
         lines += ["A share above 100% is not an error: the roofline's compute ceiling is this "
                   "run's own `torch.mm` rate (the machine's matmul as torch reaches it), not the "
                   "chip's datasheet peak, so a kernel that uses the core better than that "
-                  "library call passes it; and the passes' FLOP counts are docs/ARCHITECTURE.md §2's three "
+                  "library call passes it; and the passes' FLOP counts are "
+                  "docs/ARCHITECTURE.md §2's three "
                   "GEMMs, while a backend that keeps Z = x·W from the forward computes dact "
                   "with fewer. See bench/NOTES.md, 'Shares above 100% of the roofline'.", ""]
     for dtype in meta["preset"]["dtypes"]:

@@ -1,7 +1,8 @@
 """What the suite measures, as data: sweeps of estimator shapes and the presets that group them.
 
 A `Sweep` varies one axis (batch, inputs, paths or outputs) with the others at a paper
-head's values (`glai_kernels.paper_heads.PAPER_HEADS`, docs/ARCHITECTURE.md §3). The paper-heads grid is the batch
+head's values (`glai_kernels.paper_heads.PAPER_HEADS`, docs/ARCHITECTURE.md §3). The paper-heads
+grid is the batch
 sweep over all six heads. A `Preset` names sweeps, dtypes, passes and how long to time each
 measurement. `expand(preset)` turns a preset into the list of `Case`s to run, in order, each
 shape once per sweep it belongs to.

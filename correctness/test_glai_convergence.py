@@ -1,4 +1,5 @@
-"""Structural convergence (docs/ARCHITECTURE.md §4.7): the path distance m_t and the switching rules."""
+"""Structural convergence (docs/ARCHITECTURE.md §4.7): the path distance m_t and the switching
+rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Parameter matching (docs/ARCHITECTURE.md §4.5, the paper's Section 4.2 and Remark 5), counted from modules."""
+"""Parameter matching (docs/ARCHITECTURE.md §4.5, the paper's Section 4.2 and Remark 5), counted
+from modules."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from glai_models import random_mlp
 from glai_kernels.glai import count_parameters, from_mlp, make_mlp, match, path_budget, prune
 from glai_kernels.paper_heads import PAPER_HEADS
 
-# docs/ARCHITECTURE.md §3's table: original, reduced, dense estimator I*P*O, μ = (O − R)/(I*P*O) in %
+# docs/ARCHITECTURE.md §3's table: original, reduced, dense estimator I*P*O, μ = (O − R)/(I*P*O)
+# in %
 TABLE1_COUNTS = {
     "A1": (108_069, 54_053, 1_823_360, 2.96), "A2": (98_948, 49_476, 196_864, 25.1),
     "B1": (901_888, 451_008, 52_469_760, 0.86), "B2": (689_024, 344_576, 37_797_888, 0.91),
@@ -27,7 +29,8 @@ def test_paper_heads_match_the_original_exactly(name):
     assert count_parameters(original) == sum(p.numel() for p in original.parameters())
     assert (budget.original, budget.reduced, budget.available) == (n_original, n_reduced, dense)
     assert head.weight.shape == (h.n2, h.inputs, h.paths)
-    # the estimator's output bias is part of the budget, so μ sits just under docs/ARCHITECTURE.md §3's (O−R)/E
+    # the estimator's output bias is part of the budget, so μ sits just under docs/ARCHITECTURE.md
+    # §3's (O−R)/E
     assert budget.mu == pytest.approx(mu_percent / 100, abs=5e-4)
     assert (n_original - n_reduced - h.n2) / dense == budget.mu and not budget.capped
     pruned = prune(head, torch.randn(64, h.n0), keep=budget.keep).head

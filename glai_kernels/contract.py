@@ -1,4 +1,5 @@
-"""The estimator's contract, stated once: argument checks and costs (docs/ARCHITECTURE.md §1 and §2).
+"""The estimator's contract, stated once: argument checks and costs (docs/ARCHITECTURE.md §1 and
+§2).
 
     y[b, o] = sum_i sum_s x[b, i] * act[b, s] * weight[o, i, s] + bias[o]
 
@@ -52,7 +53,8 @@ class Shape:
                 "both": self.forward_flops() + backward}[pass_]
 
     def min_elements(self, pass_: Pass = "forward", grads: tuple[str, ...] = GRADIENTS) -> int:
-        """Fewest elements read or written once each (docs/ARCHITECTURE.md §2); the backward computes `grads`."""
+        """Fewest elements read or written once each (docs/ARCHITECTURE.md §2); the backward
+        computes `grads`."""
         b, i, p, o = self.batch, self.inputs, self.paths, self.outputs
         size = {"x": b * i, "act": b * p, "weight": o * i * p}
         forward = b * i + b * p + o * i * p + b * o
@@ -138,5 +140,6 @@ def check_inputs(
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half-precision inputs accumulate in float32 (docs/ARCHITECTURE.md §1); others in their own dtype."""
+    """Half-precision inputs accumulate in float32 (docs/ARCHITECTURE.md §1); others in their own
+    dtype."""
     return torch.float32 if dtype in HALF_DTYPES else dtype

@@ -4,7 +4,8 @@ installed).
 - `listing1_forward`/`listing1_backward`: the paper's Listing 1 (two einsums) and the
   gradients its autograd computes; they live in the library as the `einsum` backend
   (glai_kernels/backends/einsum.py) and are re-exported here.
-- `float64`: docs/ARCHITECTURE.md §1's forward and gradient formulas, written out, evaluated in float64,
+- `float64`: docs/ARCHITECTURE.md §1's forward and gradient formulas, written out, evaluated in
+  float64,
   with the matching sums of absolute values that scale each dtype's tolerance.
 - `loops`: literal loops after the paper's Listings 2 and 3, for tiny sizes: a second,
   independent oracle that checks the first.

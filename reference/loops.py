@@ -2,7 +2,8 @@
 
 A second oracle that shares no code with the einsum ones: plain Python scalars and loops,
 float64 throughout. Listing 2 indexes weights[i, j, o]; our weight is [O, I, P], so the loops
-read weight[o, i, j]. Listing 3 gives only dweight; dx and dact follow docs/ARCHITECTURE.md §1 in the same
+read weight[o, i, j]. Listing 3 gives only dweight; dx and dact follow docs/ARCHITECTURE.md §1 in
+the same
 style.
 """
 

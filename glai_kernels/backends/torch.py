@@ -3,7 +3,8 @@
 (This module is glai_kernels.backends.torch; `import torch` in it, and everywhere, is
 PyTorch: imports are absolute.)
 
-Forward (the Z-form of docs/ARCHITECTURE.md §2): Z[o] = x @ weight[o], one batched GEMM over the contiguous
+Forward (the Z-form of docs/ARCHITECTURE.md §2): Z[o] = x @ weight[o], one batched GEMM over the
+contiguous
 [I, P] slices of weight, then y[b, o] = sum_s Z[o, b, s] act[b, s]. Z is [O, B, P], small
 next to [B, I, P] whenever O < I; when act needs a gradient the forward keeps it, because
     dact[b, s] = sum_o dy[b, o] Z[o, b, s]

@@ -35,7 +35,8 @@ Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*
 """
 
 # Kernel arguments follow Triton's convention (compile-time constants in capitals) and the
-# the contract's size names (docs/ARCHITECTURE.md §1) B, I, P, O, K, so the lowercase-argument and ambiguous-name rules are off.
+# the contract's size names (docs/ARCHITECTURE.md §1) B, I, P, O, K, so the lowercase-argument and
+# ambiguous-name rules are off.
 # ruff: noqa: N803, E741
 
 from __future__ import annotations

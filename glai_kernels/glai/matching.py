@@ -1,7 +1,8 @@
 """Parameter matching (the paper's Section 4.2, Remark 5): how many path weights GLAI may keep
 so that reduced MLP + estimator has as many parameters as the original MLP.
 
-Everything is counted from real nn.Module objects (docs/ARCHITECTURE.md §3 warns that the paper's Example 1
+Everything is counted from real nn.Module objects (docs/ARCHITECTURE.md §3 warns that the paper's
+Example 1
 numbers do not follow its own formulas). As the paper does, the whole reduced MLP counts
 (its output layer too, though the selector only needs its hidden layers), and so does the
 estimator's output bias; the path weights get the rest:

@@ -7,7 +7,8 @@ column s of the estimator names one unit per layer from its start layer on:
 
 A column that starts at layer 1 carries every input (and the constant-1 input for the first
 hidden bias); one starting at layer l >= 2 carries only the constant-1 input, i.e. the bias of
-layer l (docs/ARCHITECTURE.md §4.3). `units[l, s] == n_l` marks "no unit on this layer" (before the start).
+layer l (docs/ARCHITECTURE.md §4.3). `units[l, s] == n_l` marks "no unit on this layer" (before
+the start).
 With one hidden layer and every unit kept, act is just g_1.
 """
 
