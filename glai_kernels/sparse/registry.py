@@ -8,16 +8,19 @@ $GLAI_BACKEND, else "auto").
         Returns y [B, O] in the inputs' dtype, without bias. Must not modify its inputs.
 
     forward_saving(x, act, values, index) -> (y, zg)      [optional]
-        As forward, also returning the group partial sums Zg [B, G] (layout.py) in
-        accumulation_dtype(x.dtype): float32 for float16/bfloat16, else x's dtype. The op
-        asks for it only when act needs a gradient; the Backend's `saved_shape` must then
-        be `saved_groups_shape` below.
+        As forward, also returning the group partial sums Zg (layout.py) in
+        accumulation_dtype(x.dtype) (float32 for float16/bfloat16, else x's dtype), laid out
+        as the backend likes ([B, G], or [G, B] for a kernel with B on the lanes); the
+        Backend's `saved_shape(SparseShape)` states which, for fake tensors. The op asks for
+        it only when act needs a gradient, and hands it back to this backend's backward.
 
     backward(dy, x, act, values, index, needs, saved=None) -> (dx, dact, dvalues)
         dy [B, O]; needs = (need_x, need_act, need_values). Returns dx [B, I], dact [B, P],
         dvalues [K] in the inputs' dtype, None for a gradient not needed (and not computed).
         `saved` is forward_saving's Zg when the forward ran that way, else absent.
 
+Backend's other fields mean what they do for the dense op (glai_kernels/registry.py); the
+first registered is `torch`, the baseline that sparse benchmarks time the others against.
 Empty calls (B, I, P, O or K zero) never reach a backend: the op answers them with zeros.
 """
 
@@ -42,11 +45,6 @@ class SparseShape:
     def forward_flops(self) -> int:
         """2·B·K for the group sums plus 2·B·G to scale and add them (docs/ARCHITECTURE.md)."""
         return 2 * self.batch * (self.nnz + self.groups)
-
-
-def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
-    """The shape of a forward_saving's Zg: [B, G]."""
-    return (shape.batch, shape.groups)
 
 
 SPARSE_ESTIMATOR = Registry("sparse_estimator")
