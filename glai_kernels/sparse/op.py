@@ -190,4 +190,22 @@ def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Ba
             known = ", ".join([AUTO, *sorted(SPARSE_ESTIMATOR.names())])
             raise ValueError(f"${ENV_VAR}={chosen!r} names no sparse estimator backend; "
                              f"sparse backends: {known} (pass backend= to override)")
+    if SPARSE_ESTIMATOR.requested_name(backend) == AUTO:
+        return _pick_auto(device.type, dtype)
     return SPARSE_ESTIMATOR.resolve(backend, device, dtype)
+
+
+def _pick_auto(device_type: str, dtype: torch.dtype) -> Backend:
+    """Registry.pick_auto as a plain loop: torch.compile cannot trace its max(key=...), and a
+    module's forward resolves "auto" inside the compiled region."""
+    best = None
+    for candidate in SPARSE_ESTIMATOR.backends():
+        rank = candidate.auto_priority.get(device_type)
+        if rank is None or candidate.unsupported_reason(device_type, dtype) is not None:
+            continue
+        if best is None or rank > best.auto_priority[device_type]:
+            best = candidate
+    if best is None:
+        raise RuntimeError(f"no sparse_estimator backend is available for {device_type} {dtype}; "
+                           f"see glai_kernels.sparse.backends()")
+    return best
