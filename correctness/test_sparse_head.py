@@ -60,7 +60,8 @@ def test_same_function_and_same_training():
                                    rtol=1e-10, atol=1e-12)
         assert bool((d.weight.detach()[~d.weight_mask] == 0).all())
         torch.testing.assert_close(s.bias, d.bias, rtol=1e-10, atol=1e-12)
-    assert s.backend_used == "torch"
+    assert s.backend_used == "sparse:torch"
+    assert d.backend_used == registry.pick_auto("cpu", torch.float64).name
 
 
 def test_state_dict_round_trip_and_to():
