@@ -4,6 +4,7 @@ saves and loads, and `prune` chooses the layout by the crossover or as the user 
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -167,3 +168,14 @@ def test_compile_a_sparse_training_step():
                               list(head.parameters()))
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_copy_and_pickle_a_sparse_head():
+    omega, _, sparse = pair()
+    head = sparse.head
+    buffer = io.BytesIO()
+    torch.save(head, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(head), torch.load(buffer, weights_only=False)):
+        assert other.layout == "sparse"
+        torch.testing.assert_close(other(omega), head(omega), rtol=0, atol=0)
