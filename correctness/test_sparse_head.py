@@ -17,6 +17,13 @@ from glai_kernels.glai import count_parameters, from_mlp, path_scores, prune
 from glai_kernels.glai.prune import SPARSE_CROSSOVER, kept_scores, to_layout
 
 
+@pytest.fixture(autouse=True)
+def _no_backend_request(monkeypatch):
+    """These tests are about the layout: a $GLAI_BACKEND run restricting the backends (which
+    may name a dense-only one, so layout="sparse" refuses it) must not change them."""
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+
+
 def pair(widths=(9, 13, 4), mu=0.1, seed=0, dtype=torch.float64):
     """(reference inputs, the same pruning in the dense and the sparse layout)."""
     head = from_mlp(random_mlp(widths, seed=seed, dtype=dtype))
