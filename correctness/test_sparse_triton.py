@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +36,7 @@ pytestmark = pytest.mark.skipif(DEVICE is None, reason="the sparse triton backen
 # 4 batch rows and 2 entries per step: B = 3, 4, 5 sit on either side of a batch block, and
 # almost every group (and every input's and path's list) takes several entry steps.
 SMALL = SparseConfig(block_b=4, block_e=2)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -160,3 +165,25 @@ def test_where_it_runs():
         assert SPARSE_ESTIMATOR.pick_auto("cpu", dtype).name != "triton"
     if DEVICE == "cpu":
         assert "CUDA" in backend.unsupported_reason("cuda")
+
+
+def _cpu_reason_in_subprocess(prelude: str, env: dict[str, str]) -> str:
+    code = (prelude + "\nfrom glai_kernels.sparse import SPARSE_ESTIMATOR\n"
+            "print(SPARSE_ESTIMATOR.get('triton').unsupported_reason('cpu'))\n")
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                          env=environment | {"PYTHONPATH": str(ROOT)} | env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.setattr(sparse_triton, "interpreted", lambda: False)
+    reason = sparse_triton._availability("cpu")
+    assert "TRITON_INTERPRET=1" in reason and "before importing" in reason
+
+
+def test_registers_and_imports_without_triton():
+    blocked = "import sys\nsys.modules['triton'] = None  # import triton now fails"
+    assert _cpu_reason_in_subprocess(blocked, {"TRITON_INTERPRET": "1"}) == \
+        "triton is not installed"
