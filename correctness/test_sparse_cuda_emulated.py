@@ -123,7 +123,8 @@ def _kept(shape: tuple[int, int, int], keep: int, seed: int, empty_output: bool,
 
 
 # (B, I, P, O), kept entries, an output with no kept path, one group over every input.
-# Lanes: 8 for B <= 8, 16 for B <= 16, else 32 (two tiles at B = 37); rows = 256 / lanes.
+# Lanes: 8 for B <= 8, 16 for B <= 16, else 32 (two tiles at B = 37); rows = 256 / lanes,
+# or 1024 / lanes in a per-item pass (forward, dx, dact) with fewer than 512 blocks.
 CASES = {
     "K0-B5": ((5, 6, 4, 3), 0, False, False),
     "K1-B3": ((3, 5, 4, 6), 1, False, False),
@@ -134,6 +135,10 @@ CASES = {
     "B37-two-tiles": ((37, 7, 6, 4), 60, True, False),
     "B16-long-group": ((16, 300, 3, 2), 200, False, True),
     "B9-many-groups": ((9, 5, 70, 2), 500, False, False),
+    # 512 or more blocks: the per-item passes run 256-thread blocks, not the wide 1024 ones
+    "O520-forward-narrow": ((3, 4, 3, 520), 1500, True, False),
+    "I600-dx-narrow": ((37, 600, 3, 2), 3000, False, False),
+    "P600-dact-narrow": ((5, 3, 600, 2), 1500, False, False),
 }
 
 
@@ -188,8 +193,8 @@ def test_passes_match_reference(kernels, case, dtype):
     check("dvalues", dv, expected[2], scale[2])
 
 
-def test_dvalues_blocks_stride_over_entries(kernels):
-    """More entries than one grid-stride step's rows: 2000 entries at 16 rows a block."""
+def test_dvalues_over_many_blocks(kernels):
+    """2000 entries at B = 16: 64 entries a block (16 rows x 4), 32 blocks, the last partial."""
     batch, inputs, paths, outputs = 16, 40, 10, 6
     data = make_inputs(batch, inputs, paths, outputs, seed=7, gates="soft")
     mask = _kept((outputs, inputs, paths), 2000, 7, False, False)

@@ -1,17 +1,17 @@
 // The sparse kept-path estimator's CUDA kernels (interface and layouts: sparse_kernels.cuh).
 //
-// Every kernel runs blocks of 256 threads shaped (lanes, rows): the lanes run over a tile of
-// the batch (8, 16 or 32 wide, the smallest that covers B, so a batch of 16 wastes no lane)
-// and read the transposed operands' contiguous batch rows; the rows split the work of one
-// result element between them in a fixed stride, and a shared-memory pass adds the rows'
-// partial sums in row order. So each result element is summed by one block, in an order fixed
+// Every kernel runs blocks of 256 threads (1024 for a per-item pass with few items) shaped
+// (lanes, rows): the lanes run over a tile of the batch (8, 16 or 32 wide, the smallest that
+// covers B, so a batch of 16 wastes no lane) and read the transposed operands' contiguous
+// batch rows; the rows split the work of one result element between them in a fixed stride,
+// and a shared-memory pass adds the rows' partial sums in row order. So each result element is summed by one block, in an order fixed
 // by the sizes alone: deterministic, no atomics.
 //   forward   block per (output o, batch tile): rows take o's groups g (stride rows), sum the
 //             group's entries v[k] x[b, i_k] into Zg[b, g] (kept if asked), add act[b, s_g] Zg.
 //   dx        block per (input i, batch tile): rows take i's entries (input_entries).
 //   dact      block per (path s, batch tile): rows take s's groups (path_groups), dy Zg.
-//   dvalues   rows take entries (grid-stride), lanes take the batch, the lanes' partial sums
-//             are added in lane order.
+//   dvalues   each row takes 4 entries per step (grid-stride), lanes take the batch, and
+//             each entry's lane partial sums are added in lane order by one thread.
 // Index values are int32 (layout.py); every address built from them is int64.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,12 +62,22 @@ struct Num<__nv_bfloat16> {
 };
 
 constexpr int kThreads = 256;
+// A per-item pass with fewer blocks than this (B1's forward: 128 outputs at B = 16) runs
+// 1024-thread blocks instead, four times the rows, so that each row's serial chain of
+// dependent loads is a quarter as long; the choice depends on the sizes alone.
+constexpr int kWideThreads = 1024;
+constexpr int64_t kFewBlocks = 512;
 // Launch bounds name the blocks per SM wanted: with the thread count alone ptxas 13 aimed at
-// full occupancy (32 registers) and spilled forward_kernel<float> on sm_90; 6 blocks (48 warps,
-// up to 40 registers) keeps most of the occupancy that hides these gathers' latency.
-constexpr int kBlocksPerSm = 6;
+// full occupancy (32 registers) and spilled forward_kernel<float> on sm_90; 6 blocks of 256
+// (48 warps, up to 40 registers) keep most of the occupancy that hides the gathers' latency.
+template <int Threads>
+struct Bounds {
+  static constexpr int blocks = Threads == kThreads ? 6 : 1;
+};
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxDvalueBlocks = int64_t{1} << 20;  // grid-stride beyond this
+// dvalues: entries per row and iteration, summed over the batch together (more loads in flight)
+constexpr int kEntriesPerRow = 4;
 
 // Lanes per block over the batch: the smallest of 8, 16, 32 that covers B (32 beyond).
 int lanes_for(int64_t batch) { return batch <= 8 ? 8 : batch <= 16 ? 16 : 32; }
@@ -112,11 +122,11 @@ __device__ A sum_rows(A part, A* scratch) {
   return total;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[kThreads];
+  __shared__ acc scratch[Threads];
   const int64_t o = blockIdx.x;
   const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   acc part = acc(0);
@@ -137,16 +147,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (y != nullptr && b < a.B && threadIdx.y == 0) y[b * a.O + o] = Num<T>::out(total);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) dx_kernel(Args<T> a, T* __restrict__ dx) {
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
+    dx_kernel(Args<T> a, T* __restrict__ dx) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[kThreads];
+  __shared__ acc scratch[Threads];
   const int64_t i = blockIdx.x;
   const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   acc part = acc(0);
   if (b < a.B) {
     const int64_t end = a.input_ptr[i + 1];
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t j = a.input_ptr[i] + threadIdx.y; j < end; j += blockDim.y) {
       const int32_t k = a.input_entries[j];
       const int32_t g = a.entry_groups[k];
@@ -158,17 +169,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dx_kernel(Args<T> a, T
   if (b < a.B && threadIdx.y == 0) dx[b * a.I + i] = Num<T>::out(total);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[kThreads];
+  __shared__ acc scratch[Threads];
   const int64_t s = blockIdx.x;
   const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   acc part = acc(0);
   if (b < a.B) {
     const int64_t end = a.path_ptr[s + 1];
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t j = a.path_ptr[s] + threadIdx.y; j < end; j += blockDim.y) {
       const int32_t g = a.path_groups[j];
       part += a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
@@ -179,28 +190,38 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) dvalues_kernel(Args<T> a, T* __restrict__ dv) {
+__global__ void __launch_bounds__(kThreads, Bounds<kThreads>::blocks)
+    dvalues_kernel(Args<T> a, T* __restrict__ dv) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[kThreads];
+  constexpr int E = kEntriesPerRow;
+  __shared__ acc scratch[E * kThreads];
   const int lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x, rows = blockDim.y;
+  const int tid = row * lanes + lane;
+  const int64_t step = static_cast<int64_t>(rows) * E;  // entries per block and iteration
   // the loop bound depends on the block alone, so every thread reaches every barrier
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * rows; base < a.K;
-       base += static_cast<int64_t>(gridDim.x) * rows) {
-    const int64_t k = base + row;
-    acc part = acc(0);
-    if (k < a.K) {
-      const int32_t g = a.entry_groups[k];
-      const int32_t o = a.group_outputs[g], s = a.group_paths[g], i = a.inputs[k];
-      for (int64_t b = lane; b < a.B; b += lanes) {
-        part += a.at(a.dyt, o, b) * a.at(a.actt, s, b) * a.at(a.xt, i, b);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * step; base < a.K;
+       base += static_cast<int64_t>(gridDim.x) * step) {
+    // slot e*rows + row: the rows of one e read consecutive entries (coalesced index loads),
+    // and a row's E entries are independent, so their loads are in flight together
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t k = base + e * rows + row;
+      acc part = acc(0);
+      if (k < a.K) {
+        const int32_t g = a.entry_groups[k];
+        const int32_t o = a.group_outputs[g], s = a.group_paths[g], i = a.inputs[k];
+        for (int64_t b = lane; b < a.B; b += lanes) {
+          part += a.at(a.dyt, o, b) * a.at(a.actt, s, b) * a.at(a.xt, i, b);
+        }
       }
+      scratch[(e * rows + row) * lanes + lane] = part;
     }
-    scratch[row * lanes + lane] = part;
     __syncthreads();
-    if (lane == 0 && k < a.K) {
+    // thread t < step adds slot t's lanes in lane order and writes entry base + t (coalesced)
+    if (tid < step && base + tid < a.K) {
       acc total = acc(0);
-      for (int l = 0; l < lanes; ++l) total += scratch[row * lanes + l];
-      dv[k] = Num<T>::out(total);
+      for (int l = 0; l < lanes; ++l) total += scratch[tid * lanes + l];
+      dv[base + tid] = Num<T>::out(total);
     }
     __syncthreads();
   }
@@ -219,15 +240,30 @@ Args<T> args_of(const glai_sparse_problem& p) {
 
 enum class Pass { kForward, kDx, kDact, kDvalues };
 
-// The grid of a per-item pass (item = output, input or path) and its block shape.
-bool item_grid(int64_t items, int64_t batch, dim3* grid, dim3* block) {
+// The grid of a per-item pass (item = output, input or path), its block shape, and whether
+// its blocks are the wide ones (kWideThreads threads).
+bool item_grid(int64_t items, int64_t batch, dim3* grid, dim3* block, bool* wide) {
   const int lanes = lanes_for(batch);
   const int64_t tiles = cdiv(batch, lanes);
   if (items > 2147483647LL || tiles > kMaxGridY) return false;
+  *wide = items * tiles < kFewBlocks;
   *grid = dim3(static_cast<unsigned>(items), static_cast<unsigned>(tiles));
-  *block = dim3(static_cast<unsigned>(lanes), static_cast<unsigned>(kThreads / lanes));
+  *block = dim3(static_cast<unsigned>(lanes),
+                static_cast<unsigned>((*wide ? kWideThreads : kThreads) / lanes));
   return true;
 }
+
+// Launches kernel<Threads> for the block size item_grid chose.
+#define GLAI_SPARSE_LAUNCH_ITEMS(kernel, T, wide, grid, block, stream, ...) \
+  do {                                                                     \
+    if (wide) {                                                            \
+      auto* k = &kernel<T, kWideThreads>;                                  \
+      GLAI_SPARSE_LAUNCH(k, grid, block, stream, __VA_ARGS__);             \
+    } else {                                                               \
+      auto* k = &kernel<T, kThreads>;                                      \
+      GLAI_SPARSE_LAUNCH(k, grid, block, stream, __VA_ARGS__);             \
+    }                                                                      \
+  } while (0)
 
 template <typename T>
 cudaError_t launch_typed(const glai_sparse_problem& p, Pass pass, void* out, void* zgt,
@@ -236,35 +272,34 @@ cudaError_t launch_typed(const glai_sparse_problem& p, Pass pass, void* out, voi
   const Args<T> a = args_of<T>(p);
   if (p.batch <= 0) return cudaSuccess;
   dim3 grid, block;
+  bool wide = false;
   switch (pass) {
     case Pass::kForward: {
       if (p.outputs == 0) return cudaSuccess;
-      if (!item_grid(p.outputs, p.batch, &grid, &block)) return cudaErrorInvalidValue;
-      auto* kernel = &forward_kernel<T>;
-      GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, a, static_cast<T*>(out),
-                         static_cast<acc*>(zgt));
+      if (!item_grid(p.outputs, p.batch, &grid, &block, &wide)) return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(forward_kernel, T, wide, grid, block, stream, a,
+                               static_cast<T*>(out), static_cast<acc*>(zgt));
       break;
     }
     case Pass::kDx: {
       if (p.inputs_count == 0) return cudaSuccess;
-      if (!item_grid(p.inputs_count, p.batch, &grid, &block)) return cudaErrorInvalidValue;
-      auto* kernel = &dx_kernel<T>;
-      GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, a, static_cast<T*>(out));
+      if (!item_grid(p.inputs_count, p.batch, &grid, &block, &wide))
+        return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(dx_kernel, T, wide, grid, block, stream, a, static_cast<T*>(out));
       break;
     }
     case Pass::kDact: {
       if (p.paths == 0) return cudaSuccess;
-      if (!item_grid(p.paths, p.batch, &grid, &block)) return cudaErrorInvalidValue;
-      auto* kernel = &dact_kernel<T>;
-      GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, a, static_cast<const acc*>(zgt),
-                         static_cast<T*>(out));
+      if (!item_grid(p.paths, p.batch, &grid, &block, &wide)) return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(dact_kernel, T, wide, grid, block, stream, a,
+                               static_cast<const acc*>(zgt), static_cast<T*>(out));
       break;
     }
     case Pass::kDvalues: {
       if (p.nnz == 0) return cudaSuccess;
       const int lanes = lanes_for(p.batch), rows = kThreads / lanes;
-      const int64_t blocks = cdiv(p.nnz, rows) < kMaxDvalueBlocks ? cdiv(p.nnz, rows)
-                                                                 : kMaxDvalueBlocks;
+      const int64_t needed = cdiv(p.nnz, static_cast<int64_t>(rows) * kEntriesPerRow);
+      const int64_t blocks = needed < kMaxDvalueBlocks ? needed : kMaxDvalueBlocks;
       auto* kernel = &dvalues_kernel<T>;
       GLAI_SPARSE_LAUNCH(kernel, dim3(static_cast<unsigned>(blocks)),
                          dim3(static_cast<unsigned>(lanes), static_cast<unsigned>(rows)), stream,
