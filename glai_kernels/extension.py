@@ -70,7 +70,7 @@ def cpu_sources() -> list[Path]:
 
 
 def cuda_sources() -> list[Path]:
-    return [*sorted((CSRC / "cuda").glob("*.cu")), CSRC / "cuda" / "binding.cpp"]
+    return [*sorted((CSRC / "cuda").glob("*.cu")), *sorted((CSRC / "cuda").glob("*.cpp"))]
 
 
 def source_files(root: Path = CSRC) -> list[Path]:
