@@ -15,7 +15,7 @@ Threads run over the batch, so x, act and dy are transposed to [rows, B] first (
 elements); the kept group sums are saved as Zg^T [G, B] (float32 for half inputs) when act
 needs a gradient. Every result is the same bits from run to run.
 
-Built with the dense `cuda` backend's extension (glai_kernels/backends/extension.py): available
+Built with the dense `cuda` backend's extension (glai_kernels/extension.py): available
 where torch has CUDA, nvcc exists and a GPU is present; elsewhere unavailable with the reason.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels.backends.extension import cuda_availability
+from glai_kernels.extension import cuda_availability
 from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
