@@ -12,6 +12,7 @@ machine without CUDA this file turns it on before glai_kernels is imported.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -34,6 +35,20 @@ import glai_kernels
 from glai_kernels import registry
 
 DEVICES = ("cpu", "cuda")
+FUZZ_SEED_VAR = "GLAI_FUZZ_SEED"
+
+
+def fuzz_seed() -> int:
+    """The property tests' seed: $GLAI_FUZZ_SEED, else a new one for this run, stored in the
+    environment so that every import of this file (and every subprocess) sees the same one."""
+    if not os.environ.get(FUZZ_SEED_VAR):
+        os.environ[FUZZ_SEED_VAR] = str(secrets.randbelow(2**32))
+    return int(os.environ[FUZZ_SEED_VAR])
+
+
+def pytest_report_header(config) -> str:
+    return (f"fuzz seed: {FUZZ_SEED_VAR}={fuzz_seed()} (set it to replay this run's "
+            f"correctness/test_properties.py cases)")
 
 
 def backends_under_test() -> list[str]:
