@@ -33,7 +33,7 @@ EXAMPLES = int(os.environ.get("GLAI_FUZZ_EXAMPLES", "2000"))
 INTERPRETED_SHARE = 3 / 20
 # torch.compile compiles a graph per new dtype, gradient set, or size 0/1/equal sizes (~2 s
 # each): its cases spread over this many (shape, dtype, grads) keys, new ones each run
-COMPILE_KEYS = 4
+COMPILE_KEYS = 2
 
 
 def examples(name: str, device: str) -> int:
