@@ -11,7 +11,7 @@ from torch import nn
 
 from glai_kernels import registry
 from glai_kernels.glai.selector import PathSelector
-from glai_kernels.op import estimator
+from glai_kernels.op import backend_for, estimator
 
 
 def _zero_pruned_gradient(module_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
@@ -117,9 +117,9 @@ class GLAIHead(nn.Module):
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
-        impl = registry.resolve(self.backend, x.device, x.dtype)
-        self.backend_used = impl.name
-        return estimator(x_aug, act, self.weight, self.bias, backend=impl.name)
+        name = backend_for(x_aug, self.backend)
+        self.backend_used = name
+        return estimator(x_aug, act, self.weight, self.bias, backend=name)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, paths={self.paths}, "
