@@ -130,6 +130,21 @@ def prune(
     budget, so at most `keep` survive. A budget >= the existing paths keeps every path
     (the paper's Remark 5).
     """
+    # Argument checks first, each error naming its argument (issue 16).
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"prune: keep must be a positive int, got {keep!r}")
+    if mu is not None:
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu < float("inf"):
+            raise ValueError(f"prune: mu must be a finite fraction > 0, got {mu!r}")
+        if int(mu * head.path_count()) < 1:
+            raise ValueError(f"prune: mu={mu!r} keeps no path of the {head.path_count()} "
+                             "(mu * paths < 1)")
+    if (isinstance(reference, torch.Tensor) and reference.dim() == 2
+            and not bool(torch.isfinite(reference).all())):
+        rows = (~torch.isfinite(reference)).any(1).nonzero().flatten().tolist()
+        raise ValueError(f"prune: reference has NaN or infinite values in rows {rows[:10]}"
+                         f"{' ...' if len(rows) > 10 else ''}: every path's score would "
+                         "depend on them")
     scores = path_scores(head, reference)
     support = head.weight_mask
     candidates = head.path_count()
