@@ -30,7 +30,10 @@ a multiply-and-sum path (`FMA`), on the GPU and in the interpreter alike.
 Triton's interpreter (TRITON_INTERPRET=1, set before this module is imported) runs the same
 kernels on the CPU, for verification. It cannot do bfloat16 arithmetic, tl.dot or rounding
 (it truncates), so with `EMULATE_BF16` bfloat16 values live in fp32 registers, rounded to
-bfloat16 to-nearest-even by bit arithmetic: the same values a GPU's bf16 tl.dot sees.
+bfloat16 to-nearest-even by bit arithmetic: the same values a GPU's bf16 tl.dot sees. The
+interpreter is not thread-safe (one process-wide interpreter builder holds the program id
+being run, and triton.language is patched while a kernel runs): call this backend from one
+thread at a time under TRITON_INTERPRET=1.
 
 Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*O*P past
 2**31 address correctly. Design notes and predictions: bench/NOTES.md, "Triton backend".
