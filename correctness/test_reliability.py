@@ -21,7 +21,7 @@ import glai_kernels
 from glai_kernels import registry
 from glai_kernels.glai import from_mlp, prune
 from glai_kernels.op import estimator_backward_op, estimator_op
-from reference import listing1_backward, listing1_forward
+from reference import forward64, grads64, listing1_backward, listing1_forward
 
 
 def _cpu(backend_device: tuple[str, str]) -> str:
@@ -108,9 +108,25 @@ def test_autocast_runs_in_the_region_dtype_without_inner_autocast(backend_device
     torch.testing.assert_close(y_op, expected, rtol=0, atol=0)
     y.float().sum().backward()  # outside the region: float32 weight gets a float32 gradient
     assert weight.grad is not None and weight.grad.dtype == torch.float32
+    first = weight.grad.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = glai_kernels.estimator(x, act, weight, backend=name)
+        again.float().sum().backward()  # inside the region: the same gradient
+    torch.testing.assert_close(weight.grad, 2 * first, rtol=0, atol=0)
 
 
 # ---- 2. no half-precision intermediate ---------------------------------------------------
+
+
+def _exact_answers(x, act, weight, dy) -> dict[str, torch.Tensor]:
+    """The float64 oracle's y and gradients, each checked to be exactly a float16 value."""
+    grads = grads64(dy, x, act, weight)
+    answers = {"y": forward64(x, act, weight), "x": grads.x, "act": grads.act,
+               "weight": grads.weight}
+    for key, value in answers.items():
+        assert torch.equal(value.half().double(), value), f"{key} is not a float16 value"
+        assert value.abs().max() < 65504
+    return answers
 
 
 def _partial_sums_case():
@@ -120,9 +136,7 @@ def _partial_sums_case():
     act = torch.tensor([[1.125, -1.0]], dtype=h)
     weight = torch.full((1, 2, 2), 200.0, dtype=h)
     dy = torch.tensor([[0.125]], dtype=h)
-    expected = {"y": [[10000.0]], "x": [[3.125, 3.125]], "act": [[10000.0, 10000.0]],
-                "weight": [[[28.125, -25.0], [28.125, -25.0]]]}
-    return x, act, weight, dy, expected
+    return x, act, weight, dy, _exact_answers(x, act, weight, dy)
 
 
 def _soft_gate_case():
@@ -131,18 +145,16 @@ def _soft_gate_case():
     x, act = torch.tensor([[320.0]], dtype=h), torch.tensor([[320.0]], dtype=h)
     weight = torch.tensor([[[2.0 ** -8]]], dtype=h)
     dy = torch.tensor([[2.0 ** -4]], dtype=h)
-    expected = {"y": [[400.0]], "x": [[0.078125]], "act": [[0.078125]],
-                "weight": [[[6400.0]]]}
-    return x, act, weight, dy, expected
+    return x, act, weight, dy, _exact_answers(x, act, weight, dy)
 
 
 CASES = {"partial-sums": _partial_sums_case, "soft-gates": _soft_gate_case}
 
 
-def _exact(got: torch.Tensor, expected) -> None:
-    want = torch.tensor(expected, dtype=torch.float64)
+def _exact(got: torch.Tensor, expected: torch.Tensor) -> None:
     assert got.dtype == torch.float16
-    assert torch.equal(got.double(), want), f"got {got.tolist()}, exact {expected}"
+    assert torch.equal(got.double().cpu(), expected), \
+        f"got {got.tolist()}, exact {expected.tolist()}"
 
 
 @pytest.mark.parametrize("case", CASES)
