@@ -137,3 +137,16 @@ def test_sizes_beyond_the_grid_are_refused(kernels):
     out = torch.empty(1)
     assert kernels.glai_cuda_launch(ctypes.byref(problem), PRODUCTS["y"], 1, out.data_ptr(),
                                     None, None) == INVALID_VALUE
+
+
+@pytest.mark.parametrize("arch", [60, 80], ids=["sm60", "sm80"])
+def test_float16_products_past_the_half_range(kernels, arch):
+    """x·act = 320 * 320 = 102400 > 65504, float16's largest; y = 400 and dweight = 6400
+    exactly. A formed operand rounded to float16 (as wmma takes it) would be inf."""
+    kernels.glai_emulation_set_compute_capability(arch)
+    h = torch.float16
+    x, act = torch.full((1, 1), 320.0, dtype=h), torch.full((1, 1), 320.0, dtype=h)
+    weight, dy = torch.full((1, 1, 1), 2.0 ** -8, dtype=h), torch.full((1, 1), 2.0 ** -4, dtype=h)
+    problem = _problem(x, act, weight, dy, h)
+    assert _run(kernels, problem, "y", 1, (1, 1), h).item() == 400.0
+    assert _run(kernels, problem, "dweight", 1, (1, 1), h).item() == 6400.0

@@ -380,7 +380,8 @@ def build() -> Build:
 def run_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
                 save: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """glai_ext::forward: (y [B, O], saved), saved = Z [B, O, P] from the CPU kernels when
-    `save` (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]), else (and on CUDA) empty [0]."""
+    `save` (Z[b, o, s] = sum_i x[b, i] weight[o, i, s], float32 for half inputs), else (and
+    on CUDA) empty [0]."""
     return torch.ops.glai_ext.forward(x, act, weight, save)
 
 
@@ -417,7 +418,9 @@ def _forward_fake(x, act, weight, save):
     batch, _, paths, outputs = _fake_sizes(x, act, weight)
     # the CPU kernels return Z [B, O, P] when asked to save it; the CUDA ones keep none
     keeps_z = save and x.device.type == "cpu"
-    saved = x.new_empty(batch, outputs, paths) if keeps_z else x.new_empty(0)
+    # Z in the computation type: float32 for half inputs (as glai_ext.cpp keeps it)
+    z_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    saved = x.new_empty(batch, outputs, paths, dtype=z_dtype) if keeps_z else x.new_empty(0)
     return x.new_empty(batch, outputs), saved
 
 

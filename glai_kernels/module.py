@@ -7,7 +7,9 @@ import math
 import torch
 from torch import nn
 
+from glai_kernels import registry
 from glai_kernels.op import estimator
+from glai_kernels.registry import AUTO
 
 
 class GLAIEstimator(nn.Module):
@@ -41,6 +43,10 @@ class GLAIEstimator(nn.Module):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GLAIEstimator: {name} must be a positive int, got {value!r}")
         self.in_features, self.paths, self.out_features = in_features, paths, out_features
+        if backend is not None and backend != AUTO and backend not in registry.names():
+            # fail here, not at the first forward
+            raise ValueError(f"GLAIEstimator: backend={backend!r} is not a registered backend; "
+                             f"registered: {', '.join([AUTO, *sorted(registry.names())])}")
         self.backend = backend
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, paths, **factory))

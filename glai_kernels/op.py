@@ -6,7 +6,14 @@ the public `estimator` resolves "auto" and $GLAI_BACKEND to a concrete name firs
 forward and its backward always run on the same backend.
 
 Like aten's native_layer_norm, the forward op returns a second tensor, `saved`, that only
-its backward reads: empty unless `save` is true and the backend has a `forward_saving`.
+its backward reads: empty unless `save` is true and the backend has a `forward_saving`; it is
+in the accumulation dtype (float32 for half inputs), so a kept partial sum cannot overflow.
+
+Autocast: inside a `torch.autocast` region the op runs the way aten's matmul does: its
+floating inputs (float64 excepted) are cast to the region's dtype, and the backend then runs
+in that dtype, with float32 accumulation, under no autocast of its own. Double backward: the
+backward op has its own autograd formula, written with the two ops themselves (the op is
+linear in each argument), so gradients of gradients run on the same backend.
 """
 
 from __future__ import annotations
@@ -15,6 +22,49 @@ import torch
 
 from glai_kernels import registry
 from glai_kernels.contract import Shape, accumulation_dtype, check_inputs
+
+# Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
+AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype an enclosing torch.autocast region runs this op in on `device_type`, or
+    None outside one."""
+    if device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def autocast_inputs(tensors: tuple, device_type: str, dtype: torch.dtype) -> tuple:
+    """`tensors` as autocast casts them: floating tensors on `device_type` other than float64
+    to `dtype` (as aten's autocast does); anything else unchanged."""
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.device.type == device_type and t.dtype != torch.float64 else t
+                 for t in tensors)
+
+
+@torch._dynamo.assume_constant_result
+def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
+    """The concrete backend name `estimator(..., backend=backend)` runs for tensors on
+    `device` of `dtype` (the argument, else $GLAI_BACKEND, else the auto pick).
+
+    torch.compile takes the answer as a constant when it traces (the auto pick is not
+    traceable, and an availability check may build an extension), so a compiled graph
+    keeps the backend chosen when it was traced. Meta tensors never reach a backend (the
+    fake implementation computes their shapes): for them the name is only validated.
+    """
+    if device.type == "meta":
+        return registry.requested_name(backend)
+    return registry.resolve(backend, device, dtype).name
+
+
+def backend_for(x: torch.Tensor, backend: str | None = None) -> str:
+    """The backend name an `estimator` call with first argument `x` runs on: `resolved_name`
+    for x's device and the dtype the call runs in (the autocast dtype inside a region)."""
+    dtype = autocast_dtype(x.device.type)
+    if dtype is None or not x.is_floating_point() or x.dtype == torch.float64:
+        dtype = x.dtype
+    return resolved_name(backend, x.device, dtype)
 
 
 def _is_empty(shape: Shape) -> bool:
@@ -55,7 +105,8 @@ def estimator_op(
         args = (x.contiguous(), act.contiguous(), weight.contiguous())
         if _saves(impl, shape, save):
             y, saved = impl.forward_saving(*args)
-            saved = saved.contiguous()
+            saved = _checked(impl, "saved", saved, impl.saved_shape(shape),
+                             accumulation_dtype(x.dtype))
         else:
             y = impl.forward(*args)
         y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
@@ -71,7 +122,7 @@ def _estimator_fake(x, act, weight, bias, backend, save=False):
     if backend != registry.AUTO:
         impl = registry.get(backend)
         if _saves(impl, shape, save):
-            saved = x.new_empty(impl.saved_shape(shape))
+            saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
     return x.new_empty(shape.batch, shape.outputs), saved
 
 
@@ -139,6 +190,114 @@ def _backward(ctx, dy, _dsaved):
 estimator_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---- double backward ---------------------------------------------------------------------
+# The backward op maps (dy, x, act, weight) to
+#     gx = Bx(dy, act, weight)    gact = Bact(dy, x, weight)    gweight = Bw(dy, x, act),
+# each linear in each argument, so for incoming gradients (ggx, ggact, ggweight):
+#     d dy     = E(ggx, act, weight) + E(x, ggact, weight) + E(x, act, ggweight)
+#     d x      = Bx(dy, ggact, weight) + Bx(dy, act, ggweight)
+#     d act    = Bact(dy, ggx, weight) + Bact(dy, x, ggweight)
+#     d weight = Bw(dy, ggx, act) + Bw(dy, x, ggact)
+# with E the forward. Both ops are differentiable, so higher orders follow.
+
+
+def _backward_setup_context(ctx, inputs, output):
+    dy, x, act, weight, _saved, _needs, backend = inputs
+    ctx.save_for_backward(dy, x, act, weight)
+    ctx.backend = backend
+
+
+def _forward_of(x, act, weight, backend: str) -> torch.Tensor:
+    return estimator_op(x, act, weight, None, backend, False)[0]
+
+
+def _grad_of(which: int, dy, x, act, weight, backend: str) -> torch.Tensor:
+    """One gradient (0: x, 1: act, 2: weight) of the op at (x, act, weight) for dy."""
+    needs = [which == 0, which == 1, which == 2]
+    return estimator_backward_op(dy, x, act, weight, x.new_empty(0), needs, backend)[which]
+
+
+def _present(g: torch.Tensor | None, like: torch.Tensor) -> bool:
+    # a gradient the first backward did not compute is an empty [0]; so is its incoming one
+    return g is not None and tuple(g.shape) == tuple(like.shape)
+
+
+def _double_backward(ctx, ggx, ggact, ggweight):
+    dy, x, act, weight = ctx.saved_tensors
+    name = ctx.backend
+    ggx = ggx if _present(ggx, x) else None
+    ggact = ggact if _present(ggact, act) else None
+    ggweight = ggweight if _present(ggweight, weight) else None
+    need_dy, need_x, need_act, need_weight = ctx.needs_input_grad[:4]
+    terms: dict[str, list[torch.Tensor]] = {"dy": [], "x": [], "act": [], "weight": []}
+    if ggx is not None:
+        if need_dy:
+            terms["dy"].append(_forward_of(ggx, act, weight, name))
+        if need_act:
+            terms["act"].append(_grad_of(1, dy, ggx, act, weight, name))
+        if need_weight:
+            terms["weight"].append(_grad_of(2, dy, ggx, act, weight, name))
+    if ggact is not None:
+        if need_dy:
+            terms["dy"].append(_forward_of(x, ggact, weight, name))
+        if need_x:
+            terms["x"].append(_grad_of(0, dy, x, ggact, weight, name))
+        if need_weight:
+            terms["weight"].append(_grad_of(2, dy, x, ggact, weight, name))
+    if ggweight is not None:
+        if need_dy:
+            terms["dy"].append(_forward_of(x, act, ggweight, name))
+        if need_x:
+            terms["x"].append(_grad_of(0, dy, x, act, ggweight, name))
+        if need_act:
+            terms["act"].append(_grad_of(1, dy, x, act, ggweight, name))
+
+    def total(key: str, like: torch.Tensor, needed: bool) -> torch.Tensor | None:
+        if not needed:
+            return None
+        parts = terms[key]
+        return sum(parts[1:], parts[0]) if parts else torch.zeros_like(like)
+
+    return (total("dy", dy, need_dy), total("x", x, need_x), total("act", act, need_act),
+            total("weight", weight, need_weight), None, None, None)
+
+
+estimator_backward_op.register_autograd(_double_backward,
+                                        setup_context=_backward_setup_context)
+
+
+# ---- autocast ------------------------------------------------------------------------------
+# Registered per device type at the Autocast<Device> dispatch key, as
+# torch.library.register_autocast does, but casting to the region's own dtype (that function
+# takes one fixed dtype). The kernels run with the key excluded, so no matmul or einsum
+# inside a backend is autocast: every backend sees one dtype and computes the same thing.
+
+_AUTOCAST_LIBRARY = torch.library.Library("glai", "IMPL")
+
+
+def _register_autocast(device_type: str) -> None:
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def forward(_keyset, x, act, weight, bias, backend, save=False):
+        dtype = torch.get_autocast_dtype(device_type)
+        x, act, weight, bias = autocast_inputs((x, act, weight, bias), device_type, dtype)
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return estimator_op._opoverload(x, act, weight, bias, backend, save)
+
+    def backward(_keyset, *args):
+        # its inputs already share the dtype the forward ran in: no cast, only no autocast
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return estimator_backward_op._opoverload(*args)
+
+    _AUTOCAST_LIBRARY.impl("estimator", forward, key, with_keyset=True)
+    _AUTOCAST_LIBRARY.impl("estimator_backward", backward, key, with_keyset=True)
+
+
+for _device_type in AUTOCAST_DEVICES:
+    _register_autocast(_device_type)
+
+
 def estimator(
     x: torch.Tensor,
     act: torch.Tensor,
@@ -157,10 +316,16 @@ def estimator(
         backend: a registered backend name or "auto"; None means $GLAI_BACKEND, else "auto".
 
     Returns:
-        y: [B, O], the inputs' dtype. Differentiable in x, act, weight and bias.
+        y: [B, O], the inputs' dtype (inside torch.autocast: the region's dtype, the inputs
+        cast to it as aten's matmul casts them). Differentiable in x, act, weight and bias,
+        twice and more.
     """
+    dtype = autocast_dtype(x.device.type) if isinstance(x, torch.Tensor) else None
+    if dtype is not None:
+        # cast here, not only in the op, so the checks and the backend see the dtype it runs
+        x, act, weight, bias = autocast_inputs((x, act, weight, bias), x.device.type, dtype)
     check_inputs(x, act, weight, bias)
-    impl = registry.resolve(backend, x.device, x.dtype)
+    name = resolved_name(backend, x.device, x.dtype)
     save = torch.is_grad_enabled() and act.requires_grad
-    y, _ = estimator_op(x, act, weight, bias, impl.name, save)
+    y, _ = estimator_op(x, act, weight, bias, name, save)
     return y

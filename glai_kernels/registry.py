@@ -188,9 +188,17 @@ class Registry:
 
     def requested_name(self, backend: str | None = None) -> str:
         """The name asked for: the argument, else $GLAI_BACKEND, else "auto"."""
-        name = backend if backend is not None else os.environ.get(ENV_VAR, "") or AUTO
+        if backend is not None:
+            if backend != AUTO:
+                self.get(backend)  # validate early, whatever the tensors
+            return backend
+        name = os.environ.get(ENV_VAR, "") or AUTO
         if name != AUTO:
-            self.get(name)  # validate early, whatever the tensors
+            try:
+                self.get(name)
+            except ValueError as error:  # say where the name came from
+                raise ValueError(f"${ENV_VAR}={name!r} (the environment variable) is not "
+                                 f"a backend: {error}") from None
         return name
 
     def pick_auto(self, device_type: str, dtype: torch.dtype) -> Backend:

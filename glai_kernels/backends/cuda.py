@@ -2,7 +2,9 @@
 glai_kernels/extension.py on first need, when torch has CUDA and nvcc exists, or installed
 ahead of time as glai_kernels._C).
 
-Tiled GEMMs that form x⊗act in shared memory, tensor cores (wmma) for half types, split-K.
+Tiled GEMMs that form x⊗act in shared memory, tensor cores (wmma) for bfloat16, split-K.
+float16 runs on CUDA cores in float32: wmma would take each formed product x·act rounded to
+float16, which overflows past 65504 where the exact result need not.
 They compute y in the one-GEMM form, which has no Z, so dact takes a GEMM of its own.
 """
 
@@ -38,7 +40,7 @@ register(Backend(
     backward=cuda_backward,
     devices=("cuda",),
     description="CUDA extension: tiled GEMMs, x⊗act formed in shared memory, tensor cores "
-                "(wmma) for half types, split-K",
+                "(wmma) for bfloat16, split-K",
     auto_priority={"cuda": 20},
     availability=extension.cuda_availability,
 ))

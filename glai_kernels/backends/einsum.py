@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels.contract import Shape
+from glai_kernels.contract import Shape, accumulation_dtype
 from glai_kernels.registry import Backend, register
 
 
 def listing1_forward(
     x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [B, I], act [B, P], weight [O, I, P], bias [O] or None -> y [B, O]."""
+    """x [B, I], act [B, P], weight [O, I, P], bias [O] or None -> y [B, O].
+
+    Half inputs are computed in float32 (outer and the contraction) and y rounded once, as
+    the contract's float32 accumulation says: a half outer product overflows at 65504.
+    """
+    dtype = x.dtype
+    x, act, weight = _opmath(x, act, weight)
     outer = torch.einsum("bi,bs->bis", x, act)
     y = torch.einsum("bis,ois->bo", outer, weight)
-    return y if bias is None else y + bias
+    y = y if bias is None else y + _opmath(bias)[0]
+    return y.to(dtype)
 
 
 def listing1_backward(
@@ -36,6 +43,8 @@ def listing1_backward(
     against act (for dx) and x (for dact); dweight contracts dy with outer.
     """
     need_x, need_act, need_weight = needs
+    dtype = x.dtype
+    dy, x, act, weight = _opmath(dy, x, act, weight)  # float32 for half inputs, as above
     dx = dact = dweight = None
     if need_x or need_act:
         d_outer = torch.einsum("bo,ois->bis", dy, weight)
@@ -46,7 +55,12 @@ def listing1_backward(
     if need_weight:
         outer = torch.einsum("bi,bs->bis", x, act)
         dweight = torch.einsum("bo,bis->ois", dy, outer)
-    return dx, dact, dweight
+    return tuple(None if g is None else g.to(dtype) for g in (dx, dact, dweight))  # type: ignore[return-value]
+
+
+def _opmath(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor in its accumulation dtype (float32 for half types, else unchanged)."""
+    return [t.to(accumulation_dtype(t.dtype)) for t in tensors]
 
 
 

@@ -10,6 +10,10 @@ next to [B, I, P] whenever O < I; when act needs a gradient the forward keeps it
     dact[b, s] = sum_o dy[b, o] Z[o, b, s]
 then costs B*O*P instead of a fourth GEMM.
 
+Half inputs (float16, bfloat16) run these formulas in float32 on float32 copies, results
+rounded once at the end: the contract's float32 accumulation, with no half intermediate
+(Z, the outer products, the partial sums) that could overflow or round early.
+
 Backward, with weight viewed as W2 [O*I, P] (a free view of the contiguous weight):
     U = dy[b, o] x[b, i] as [B, O*I];  dact = U @ W2 (if Z was not kept);  dweight = U^T @ act
     V = dy[b, o] act[b, s] as [B, O*P];  dx = V @ weight^T viewed [O*P, I]
@@ -25,26 +29,40 @@ from glai_kernels.contract import Shape, accumulation_dtype
 from glai_kernels.registry import Backend, register
 
 
+def _opmath(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors in their accumulation dtype (float32 for half ones, a no-op otherwise).
+
+    Half inputs are computed entirely in float32, including the outer products dy·x and
+    dy·act that the backward GEMMs take as operands: a half GEMM would round those, and
+    Z, to the half type, and a partial sum past 65504 would overflow where the exact
+    result does not (docs/ARCHITECTURE.md §1).
+    """
+    return [t.to(accumulation_dtype(t.dtype)) for t in tensors]
+
+
 def _z(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.matmul(x, weight)  # [O, B, P]
 
 
 def _contract_z(z: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-    # y[b, o] = sum_s z[o, b, s] act[b, s], accumulated in float32 for half inputs
-    return (z * act).sum(-1, dtype=accumulation_dtype(z.dtype)).t().to(act.dtype)
+    # y[b, o] = sum_s z[o, b, s] act[b, s]
+    return (z * act).sum(-1).t()
 
 
 def torch_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, I], act [B, P], weight [O, I, P] -> y [B, O]."""
-    return _contract_z(_z(x, weight), act)
+    x32, act32, w32 = _opmath(x, act, weight)
+    return _contract_z(_z(x32, w32), act32).to(x.dtype)
 
 
 def torch_forward_saving(
     x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As torch_forward, also returning Z [O, B, P] for a cheap dact."""
-    z = _z(x, weight)
-    return _contract_z(z, act), z
+    """As torch_forward, also returning Z [O, B, P] (in the accumulation dtype) for a cheap
+    dact."""
+    x32, act32, w32 = _opmath(x, act, weight)
+    z = _z(x32, w32)
+    return _contract_z(z, act32).to(x.dtype), z
 
 
 def torch_backward(
@@ -60,6 +78,8 @@ def torch_backward(
     `saved`, when given, is the forward's Z [O, B, P].
     """
     need_x, need_act, need_weight = needs
+    dtype = x.dtype
+    dy, x, act, weight = _opmath(dy, x, act, weight)
     batch, inputs = x.shape
     outputs, _, paths = weight.shape
     dx = dact = dweight = None
@@ -76,7 +96,7 @@ def torch_backward(
         # One GEMM with K = O*P beats O small ones; the transposed copy of weight is cheap
         # next to it (O*I*P elements against 2*B*O*I*P flops).
         dx = v @ weight.transpose(1, 2).reshape(outputs * paths, inputs)
-    return dx, dact, dweight
+    return tuple(None if g is None else g.to(dtype) for g in (dx, dact, dweight))  # type: ignore[return-value]
 
 
 def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
@@ -86,7 +106,9 @@ def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
 def gemm_workspace(s: Shape, forward: bool, grads: frozenset[str]) -> int:
     """Elements of the intermediates above: Z [O, B, P] in every forward (kept for the
     backward when act needs a gradient); U [B, O*I] for dact or dweight; V [B, O*P] and the
-    transposed copy of weight [O*P, I] for dx."""
+    transposed copy of weight [O*P, I] for dx. For half inputs these are float32 (two
+    elements of the input dtype each) and float32 copies of the inputs join them; the count
+    here is of elements, as for the other dtypes."""
     b, i, p, o = s.batch, s.inputs, s.paths, s.outputs
     z = o * b * p
     if forward:

@@ -20,15 +20,20 @@ U[b, k] = x[b, k // P] * act[b, k % P] formed tile by tile in registers, and wei
   partials per input slice go to small fp32 workspaces, summed in a fixed order.
 
 Numerics: loads are converted to the accumulation dtype (fp32, or fp64 for fp64) before any
-arithmetic; U is rounded to the input dtype for tl.dot (fp16/bf16 tensor cores, fp32
-accumulation); fp32 uses TF32 only where `torch.backends.cuda.matmul.allow_tf32` allows.
+arithmetic, so U = x·act is formed in fp32; for tl.dot it is rounded to bf16 for bfloat16
+(bf16 tensor cores; bf16 has fp32's range) and to TF32 for float16 (TF32 tensor cores: fp16's
+mantissa with fp32's range, so a product past 65504 cannot overflow), fp32 accumulation;
+fp32 inputs use TF32 only where `torch.backends.cuda.matmul.allow_tf32` allows.
 float64 never calls tl.dot (its support depends on the Triton version and the GPU): it takes
 a multiply-and-sum path (`FMA`), on the GPU and in the interpreter alike.
 
 Triton's interpreter (TRITON_INTERPRET=1, set before this module is imported) runs the same
 kernels on the CPU, for verification. It cannot do bfloat16 arithmetic, tl.dot or rounding
 (it truncates), so with `EMULATE_BF16` bfloat16 values live in fp32 registers, rounded to
-bfloat16 to-nearest-even by bit arithmetic: the same values a GPU's bf16 tl.dot sees.
+bfloat16 to-nearest-even by bit arithmetic: the same values a GPU's bf16 tl.dot sees. The
+interpreter is not thread-safe (one process-wide interpreter builder holds the program id
+being run, and triton.language is patched while a kernel runs): call this backend from one
+thread at a time under TRITON_INTERPRET=1.
 
 Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*O*P past
 2**31 address correctly. Design notes and predictions: bench/NOTES.md, "Triton backend".
@@ -464,12 +469,16 @@ def _numerics(dtype: torch.dtype) -> dict:
     out = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16,
            torch.bfloat16: tl.bfloat16}[dtype]
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    # float16's tl.dot operands are fp32 on TF32 tensor cores: TF32 keeps float16's 10-bit
+    # mantissa (weight converts exactly) with fp32's range, so a formed product x·act past
+    # 65504 stays finite where a float16 operand would overflow (docs/ARCHITECTURE.md §1).
+    wide = dtype == torch.float16
     return {
         "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
-        "DOT": tl.float32 if emulate else out,
+        "DOT": tl.float32 if emulate or wide else out,
         "OUT": out,
         "FMA": dtype == torch.float64,
-        "PRECISION": "tf32" if tf32 else "ieee",
+        "PRECISION": "tf32" if tf32 or wide else "ieee",
         "EMULATE_BF16": emulate,
     }
 

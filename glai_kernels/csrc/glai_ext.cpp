@@ -7,7 +7,7 @@
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
 //
 // `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
-// else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
+// in the computation type (float for half inputs, never rounded to them), else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
 // implementation of the same schemas is registered by cuda/binding.cpp when it is built.
 //
 // Narrow ATen headers instead of torch/extension.h halve the first build (bench/NOTES.md).
@@ -145,9 +145,10 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x_in, const at:
   if (const auto* bf16 = bf16_kernels_for(x_in); bf16 != nullptr && !empty_problem(s)) {
     const at::Tensor x = x_in.contiguous(), act = act_in.contiguous(), w = w_in.contiguous();
     at::Tensor y = at::empty({s.batch, s.outputs}, x.options());
-    at::Tensor z = at::empty({save ? s.batch : 0, s.outputs, s.paths}, x.options());
+    at::Tensor z = at::empty({save ? s.batch : 0, s.outputs, s.paths},
+                             x.options().dtype(at::kFloat));
     const int status = bf16->forward(bf16_problem(x, act, w, s), mutable_bits(y),
-                                     save ? mutable_bits(z) : nullptr);
+                                     save ? z.mutable_data_ptr<float>() : nullptr);
     TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
     return {y, save ? z : at::empty({0}, x.options())};
   }
@@ -164,8 +165,10 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x_in, const at:
       forward_typed<float>(x, act, w, s, y, save ? &z : nullptr);
     }
   }
+  // Z stays in the computation type: a kept partial sum of half inputs is float, so it
+  // cannot overflow (float16) or lose bits (both) before the backward reads it.
   const auto out = x_in.scalar_type();
-  return {y.to(out), save ? z.to(out) : at::empty({0}, x_in.options())};
+  return {y.to(out), save ? z : at::empty({0}, x_in.options())};
 }
 
 template <typename T>
@@ -190,6 +193,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     TORCH_CHECK(saved.dim() == 3 && saved.size(0) == s.batch && saved.size(1) == s.outputs &&
                     saved.size(2) == s.paths,
                 "glai_ext: saved must be the forward's Z [B, O, P], got ", saved.sizes());
+    TORCH_CHECK(saved.scalar_type() == opmath(x_in.scalar_type()),
+                "glai_ext: saved must be the forward's Z in ", opmath(x_in.scalar_type()),
+                ", got ", saved.scalar_type());
   }
   const auto* bf16 = bf16_kernels_for(x_in);
   if (bf16 != nullptr && !empty_problem(s) && (has_z || !need_act)) {
@@ -202,7 +208,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     at::Tensor dw = need_weight ? at::empty({s.outputs, s.inputs, s.paths}, opts) : at::Tensor();
     if (need_x || need_act || need_weight) {
       const int status = bf16->backward(bf16_problem(x, act, w, s), bits(dy),
-                                        z.defined() ? bits(z) : nullptr, mutable_bits(dx),
+                                        z.defined() ? z.const_data_ptr<float>() : nullptr,
+                                        mutable_bits(dx),
                                         mutable_bits(dact), mutable_bits(dw));
       TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
     }

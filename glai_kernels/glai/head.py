@@ -18,7 +18,7 @@ from torch import nn
 from glai_kernels import registry
 from glai_kernels import sparse as sparse_op
 from glai_kernels.glai.selector import PathSelector
-from glai_kernels.op import estimator
+from glai_kernels.op import backend_for, estimator
 from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight
 
 LAYOUTS = ("dense", "sparse")
@@ -190,9 +190,9 @@ class GLAIHead(nn.Module):
                                        backend=chosen.name)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
-        impl = registry.resolve(self.backend, x.device, x.dtype)
-        self.backend_used = impl.name
-        return estimator(x_aug, act, self.weight, self.bias, backend=impl.name)
+        name = backend_for(x_aug, self.backend)
+        self.backend_used = name
+        return estimator(x_aug, act, self.weight, self.bias, backend=name)
 
     def extra_repr(self) -> str:
         out_count, in_count, path_count = self.weight_shape

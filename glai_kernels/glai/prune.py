@@ -214,6 +214,21 @@ def prune(
     (module docstring); at most one dense [O, I, P] score tensor exists at a time, none
     when `head` is in the sparse layout.
     """
+    # Argument checks first, each error naming its argument (issue 16).
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"prune: keep must be a positive int, got {keep!r}")
+    if mu is not None:
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu < float("inf"):
+            raise ValueError(f"prune: mu must be a finite fraction > 0, got {mu!r}")
+        if int(mu * head.path_count()) < 1:
+            raise ValueError(f"prune: mu={mu!r} keeps no path of the {head.path_count()} "
+                             "(mu * paths < 1)")
+    if (isinstance(reference, torch.Tensor) and reference.dim() == 2
+            and not bool(torch.isfinite(reference).all())):
+        rows = (~torch.isfinite(reference)).any(1).nonzero().flatten().tolist()
+        raise ValueError(f"prune: reference has NaN or infinite values in rows {rows[:10]}"
+                         f"{' ...' if len(rows) > 10 else ''}: every path's score would "
+                         "depend on them")
     if layout not in LAYOUT_CHOICES:
         raise ValueError(f"layout must be one of {', '.join(LAYOUT_CHOICES)}, got {layout!r}")
     if head.layout == "sparse":

@@ -42,10 +42,11 @@ const Kernels<T>& kernels();
 
 // bfloat16 problems (raw bf16 bits) on CPUs with AVX512_BF16, whose vdpbf16ps dot products run
 // at twice the float rate; other CPUs convert bfloat16 to float and use kernels<float>().
+// Z is float [B, O, P]: a kept partial sum is never rounded to bfloat16.
 struct Bf16Kernels {
-  int (*forward)(const Problem<uint16_t>& p, uint16_t* y, uint16_t* z);
+  int (*forward)(const Problem<uint16_t>& p, uint16_t* y, float* z);
   // also returns 2 when dact is wanted without a saved Z (the caller uses the float path)
-  int (*backward)(const Problem<uint16_t>& p, const uint16_t* dy, const uint16_t* z,
+  int (*backward)(const Problem<uint16_t>& p, const uint16_t* dy, const float* z,
                   uint16_t* dx, uint16_t* dact, uint16_t* dweight);
 };
 

@@ -5,10 +5,14 @@
 // operand tiles in shared memory, forming the Khatri-Rao operand there (x[b,i] act[b,s] for
 // y, and so on), so [B, I, P] is never stored. Composite indices (k = i*P + s, ...) are split
 // once per tile into a shared table, not per element.
-//   - simt_gemm: float32 and float64 (and half types on GPUs without tensor cores for them):
-//     64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the accumulation type.
-//   - wmma_gemm: float16 and bfloat16 on tensor cores: 64x64x32 tiles, 4 warps of 32x32, wmma
-//     16x16x16 with float accumulators.
+//   - simt_gemm: float32, float64 and float16 (and bfloat16 on GPUs without bf16 tensor
+//     cores): 64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the accumulation
+//     type, the formed operand kept in it.
+//   - wmma_gemm: bfloat16 on tensor cores: 64x64x32 tiles, 4 warps of 32x32, wmma 16x16x16
+//     with float accumulators. Not float16: wmma takes the formed operand (a product of two
+//     inputs) rounded to the input type, and a float16 product overflows past 65504 where
+//     the exact result need not (the contract's float32 accumulation forbids it); bfloat16
+//     has float's range.
 // Split-K: blockIdx.z takes a range of k tiles and writes partial sums to a workspace
 // [splits, M, N]; reduce_splits adds them in split order (deterministic, no atomics).
 // Indexing is int64 throughout; every launch is checked.
@@ -67,14 +71,11 @@ struct Num<__nv_bfloat16> {
   __device__ static __nv_bfloat16 out(float v) { return __float2bfloat16_rn(v); }
 };
 
-// The lowest architecture whose wmma takes T (0: never on tensor cores here).
+// The lowest architecture whose wmma this file uses for T (1 << 30: never on tensor cores;
+// float16 for the overflow above).
 template <typename T>
 struct TensorCoreArch {
   static constexpr int value = 1 << 30;
-};
-template <>
-struct TensorCoreArch<__half> {
-  static constexpr int value = 700;
 };
 template <>
 struct TensorCoreArch<__nv_bfloat16> {
@@ -423,7 +424,7 @@ cudaError_t launch_typed(const glai_problem& p, int splits, void* out, void* wor
   if (used > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   T* result = static_cast<T*>(out);
   auto* simt = &simt_gemm<T, OpT<T>>;
-  if constexpr (sizeof(acc) == sizeof(float) && sizeof(T) == 2) {
+  if constexpr (TensorCoreArch<T>::value < (1 << 30)) {
     auto* tensor_cores = &wmma_gemm<T, OpT<T>>;
     if (tc) {
       GLAI_LAUNCH(tensor_cores, grid, kTcThreads, stream, op, result, partial, per_split);

@@ -7,8 +7,9 @@
 //   GLAI_DX       dx [B, I]        m = b, n = i,        k = (o, s): A = dy[b,o] act[b,s], B = w[o,i,s]
 //   GLAI_DACT     dact [B, P]      m = b, n = s,        k = (o, i): A = dy[b,o] x[b,i],   B = w[o,i,s]
 //   GLAI_DWEIGHT  dweight [O, I*P] m = o, n = (i, s),   k = b:      A = dy[b,o], B = x[b,i] act[b,s]
-// float16 and bfloat16 run on tensor cores (wmma, float accumulators); float32 and float64 on
-// CUDA cores in their own precision. When the output has few tiles, the reduction dimension is
+// bfloat16 runs on tensor cores (wmma, float accumulators); float32 and float64 on CUDA cores
+// in their own precision, float16 on CUDA cores in float (a formed product rounded to float16
+// for wmma could overflow). When the output has few tiles, the reduction dimension is
 // split across blocks into a workspace that a second kernel sums in a fixed order
 // (deterministic).
 #pragma once
