@@ -52,7 +52,8 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
-    return [CSRC / "glai_ext.cpp", CSRC / "cpu" / "cpu_dispatch.cpp"]
+    return [CSRC / "glai_ext.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
+            CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
 
 def cuda_sources() -> list[Path]:

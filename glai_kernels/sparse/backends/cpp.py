@@ -1,0 +1,125 @@
+"""`cpp` (sparse): fused CPU kernels over the kept-path layout, in the glai_ext extension.
+
+The ops `glai_ext::sparse_forward` and `glai_ext::sparse_backward` (glai_kernels/csrc/
+sparse_binding.cpp, kernels in csrc/cpu/sparse_kernels.inc) are built with the dense `cpp`
+backend's extension and share its run-time choice of instruction set (AVX-512, AVX2 or
+portable; $GLAI_KERNELS_CPU_ISA or `torch.ops.glai_ext.cpu_isa(name)` force one). The batch
+runs on the vector lanes: x, act and dy are transposed once per call to [rows, ld] (ld = B
+rounded up to 16, zero padded, float32 for half inputs), so a kept entry costs one contiguous
+load of B values and one FMA per vector. Four kernels, each parallel over items whose results
+no other item touches (no atomics, a fixed summation order, the same bits for any thread
+count):
+
+    forward   over outputs o:  Zg[g] = sum_k v_k x^T[i_k],  y^T[o] = sum_g act^T[s_g] Zg[g]
+    dvalues   over groups g:   dv[k] = <dy^T[o_g] act^T[s_g], x^T[i_k]>
+    dx        over inputs i:   dx^T[i] = sum_{k of i} v_k dy^T[o_k] act^T[s_k]
+    dact      over paths s:    dact^T[s] = sum_{g of s} dy^T[o_g] Zg[g]
+
+The forward keeps Zg^T [G, ld] (float32 for half inputs) when act needs a gradient; dact then
+costs B·G instead of recomputing the group sums.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from glai_kernels.backends.extension import build
+from glai_kernels.contract import accumulation_dtype
+from glai_kernels.registry import Backend
+from glai_kernels.sparse.layout import KeptIndex
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+
+BATCH_PAD = 16
+"""Zg^T's row length is B rounded up to this (glai_cpu::sparse::kBatchPad)."""
+
+
+def padded_batch(batch):
+    """B rounded up to BATCH_PAD (works on SymInts too)."""
+    return (batch + BATCH_PAD - 1) // BATCH_PAD * BATCH_PAD
+
+
+def _fake_forward(x, act, values, index, save):
+    groups = index[2].shape[0]  # index.group_outputs [G]
+    outputs = index[4].shape[0] - 1  # index.output_ptr [O + 1]
+    y = x.new_empty(x.shape[0], outputs)
+    if not save:
+        return y, x.new_empty(0, 0, dtype=accumulation_dtype(x.dtype))
+    return y, x.new_empty(groups, padded_batch(x.shape[0]), dtype=accumulation_dtype(x.dtype))
+
+
+def _fake_backward(dy, x, act, values, index, saved, need_x, need_act, need_values):
+    return tuple(t.new_empty(t.shape) if need else t.new_empty(0)
+                 for t, need in ((x, need_x), (act, need_act), (values, need_values)))
+
+
+@functools.cache
+def load() -> str | None:
+    """Build (or load) the extension and register its sparse ops' fake implementations, once
+    per process; None, or why the ops are unavailable."""
+    error = build().error
+    if error is None:
+        torch.library.register_fake("glai_ext::sparse_forward")(_fake_forward)
+        torch.library.register_fake("glai_ext::sparse_backward")(_fake_backward)
+    return error
+
+
+def cpp_availability(device_type: str) -> str | None:
+    return load()
+
+
+def cpp_forward(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                index: KeptIndex) -> torch.Tensor:
+    """x [B, I], act [B, P], values [K] -> y [B, O]."""
+    return torch.ops.glai_ext.sparse_forward(x, act, values, list(index), False)[0]
+
+
+def cpp_forward_saving(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                       index: KeptIndex) -> tuple[torch.Tensor, torch.Tensor]:
+    """As cpp_forward, also returning Zg^T [G, padded_batch(B)] (accumulation dtype)."""
+    y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, list(index), True)
+    return y, zg
+
+
+def cpp_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    values: torch.Tensor,
+    index: KeptIndex,
+    needs: tuple[bool, bool, bool],
+    saved: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), only those in `needs`; `saved` is
+    cpp_forward_saving's Zg^T, else dact recomputes the group sums."""
+    zg = saved if saved is not None else dy.new_empty(0)
+    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg, *needs)
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
+
+
+def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
+    """Zg^T: [G, B rounded up to BATCH_PAD]."""
+    return (shape.groups, padded_batch(shape.batch))
+
+
+def cpp_auto_priority() -> dict[str, int]:
+    """Above the `torch` sparse backend (10) on CPUs with AVX2 or AVX-512, where the float32
+    kernels measured ≥ TODO× its forward (bench/NOTES.md, "Sparse kept-path estimator");
+    TODO elsewhere. Read from torch's CPU capability, so choosing needs no build."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return {"cpu": 20 if capability in ("AVX2", "AVX512") else 15}
+
+
+SPARSE_ESTIMATOR.register(Backend(
+    name="cpp",
+    forward=cpp_forward,
+    backward=cpp_backward,
+    forward_saving=cpp_forward_saving,
+    saved_shape=saved_groups_shape,
+    devices=("cpu",),
+    description="C++ extension: fused kept-path CPU kernels, batch on the vector lanes "
+                "(AVX-512, AVX2, portable)",
+    auto_priority=cpp_auto_priority(),
+    availability=cpp_availability,
+))
