@@ -231,6 +231,7 @@ void backward_typed(const Sizes& s, const at::Tensor& dy, const at::Tensor& x,
   const auto& k = glai_cpu::sparse::kernels<T>();
   bool bad = false;
   if (dx.defined()) {
+    check_index_contents(!glai_cpu::sparse::groups_in_range(p), "sparse_backward");
     T* out = dx.mutable_data_ptr<T>();
     bad |= run_items(s.inputs, s.ld * s.nnz,
                      [&](int64_t b, int64_t e) { return k.dx(p, out, b, e); });

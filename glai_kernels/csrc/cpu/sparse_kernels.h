@@ -10,7 +10,7 @@
 //
 // Kernels never trust the index: every offset and index is range-checked before it is used
 // (a bad one is skipped and reported by a non-zero return), so a corrupt index cannot make
-// them read or write outside their buffers.
+// them read or write outside their buffers; dx alone relies on groups_in_range, run first.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +53,21 @@ struct Kernels {
   // Groups [begin, end): dvalues[k] = sum_b dy[b, o_g] act[b, s_g] x[b, i_k] for their entries.
   int (*dvalues)(const Problem<T>& p, T* dvalues, int64_t begin, int64_t end);
   // Inputs [begin, end): dx [B, I], dx[b, i] = sum over i's entries of v dy[b, o] act[b, s].
+  // The caller checks group_outputs and group_paths first (groups_in_range): dx does not.
   int (*dx)(const Problem<T>& p, T* dx, int64_t begin, int64_t end);
   // Paths [begin, end): dact [B, P], dact[b, s] = sum over s's groups of dy[b, o_g] zg[g, b].
   int (*dact)(const Problem<T>& p, const T* zg, T* dact, int64_t begin, int64_t end);
 };
+
+// Whether every group's output and path is in range: one pass over G, which dx needs first.
+template <typename T>
+bool groups_in_range(const Problem<T>& p) {
+  uint32_t over = 0;
+  for (int64_t g = 0; g < p.groups; ++g)
+    over |= (static_cast<uint32_t>(p.group_outputs[g]) >= static_cast<uint64_t>(p.outputs)) |
+            (static_cast<uint32_t>(p.group_paths[g]) >= static_cast<uint64_t>(p.paths));
+  return over == 0;
+}
 
 // The kernels of the instruction set that glai_cpu::isa() (cpu_dispatch.cpp) names: the same
 // run-time choice, $GLAI_KERNELS_CPU_ISA and glai_ext::cpu_isa as the dense kernels.
