@@ -109,6 +109,18 @@ def test_thread_count_does_not_change_the_bits(parallel_always, batch, dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("inputs", [12, 200], ids=["small-groups", "large-groups"])
+def test_both_forward_forms_agree(built, inputs):
+    """y alone runs flat over each output's entries when groups are small (under 10 entries
+    on average), else group by group as the saving forward always does."""
+    x, act, values, index, _ = _problem(19, inputs, 6, 5, 0.4, seed=inputs)
+    groups = len(index[2])
+    assert (values.numel() < 10 * groups) == (inputs == 12)
+    plain, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, False)
+    saving, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
+    torch.testing.assert_close(plain, saving)
+
+
 def test_half_inputs_keep_zg_in_float32(built):
     x, act, values, index, _ = _problem(6, 8, 5, 3, 0.5, dtype=torch.bfloat16)
     y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
@@ -157,6 +169,12 @@ def _with_index(index, field, tensor):
     return changed
 
 
+def _corrupt(index, field, position, value):
+    t = index[KeptIndex._fields.index(field)].clone()
+    t[position] = value
+    return _with_index(index, field, t)
+
+
 def _bad_forward_cases():
     x, act, values, index, _ = _good_args()
     k = values.numel()
@@ -187,6 +205,10 @@ def _bad_forward_cases():
                            r"the index is corrupt"),
         "decreasing group_ptr": ((x, act, values, _with_index(index, "group_ptr", group_ptr)),
                                  r"the index is corrupt"),
+        "path out of range": ((x, act, values, _corrupt(index, "group_paths", 0, 5)),
+                              r"the index is corrupt"),
+        "entry group out of range": ((x, act, values, _corrupt(index, "entry_groups", 1, -3)),
+                                     r"the index is corrupt"),
     }
 
 
@@ -195,15 +217,15 @@ BAD_FORWARD = list(_bad_forward_cases().items())
 
 @pytest.mark.parametrize("args,message", [c[1] for c in BAD_FORWARD],
                          ids=[c[0] for c in BAD_FORWARD])
-def test_raw_forward_rejects(built, args, message):
+@pytest.mark.parametrize("save", [False, True], ids=["flat", "saving"])
+def test_raw_forward_rejects(built, args, message, save, request):
+    case = request.node.callspec.id
+    if save and "entry group" in case:
+        pytest.skip("the saving forward walks groups and never reads entry_groups")
+    if not save and "decreasing group_ptr" in case:
+        pytest.skip("the flat forward reads group_ptr only at output boundaries")
     with pytest.raises(RuntimeError, match=message):
-        torch.ops.glai_ext.sparse_forward(*args, True)
-
-
-def _corrupt(index, field, position, value):
-    t = index[KeptIndex._fields.index(field)].clone()
-    t[position] = value
-    return _with_index(index, field, t)
+        torch.ops.glai_ext.sparse_forward(*args, save)
 
 
 @pytest.mark.parametrize("field,needs", [

@@ -195,6 +195,7 @@ void forward_typed(const Sizes& s, const at::Tensor& x, const at::Tensor& act,
   const at::Tensor xt = transposed(x, s), actt = transposed(act, s);
   const at::Tensor v = values.to(y.scalar_type()).contiguous();
   const auto p = problem<T>(s, xt, actt, at::Tensor(), v, index);
+  if (zg == nullptr) check_index_contents(!glai_cpu::sparse::groups_in_range(p), "sparse_forward");
   check_index_contents(forward_kernel<T>(p, &y, zg), "sparse_forward");
 }
 

@@ -10,7 +10,8 @@
 //
 // Kernels never trust the index: every offset and index is range-checked before it is used
 // (a bad one is skipped and reported by a non-zero return), so a corrupt index cannot make
-// them read or write outside their buffers; dx alone relies on groups_in_range, run first.
+// them read or write outside their buffers; dx and the forward without zg rely on
+// groups_in_range, run first.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,8 @@ struct Problem {
 template <typename T>
 struct Kernels {
   // Outputs [begin, end): y [B, O] if not null (y[b, o] = sum_g act[b, s_g] Zg[g, b], groups
-  // in order) and the group sums zg [G, ld] of their groups if not null.
+  // in order) and the group sums zg [G, ld] of their groups if not null. Without zg, the
+  // caller checks groups_in_range first.
   int (*forward)(const Problem<T>& p, T* y, T* zg, int64_t begin, int64_t end);
   // Groups [begin, end): dvalues[k] = sum_b dy[b, o_g] act[b, s_g] x[b, i_k] for their entries.
   int (*dvalues)(const Problem<T>& p, T* dvalues, int64_t begin, int64_t end);
