@@ -177,9 +177,13 @@ void check_index_contents(bool bad, const char* op) {
               "or from_entries");
 }
 
-// The group sums Zg^T [G, ld] (and y [B, O] when y is defined) by the forward kernel.
+// y [B, O] and/or the group sums Zg^T [G, ld] by the forward kernel, after the index checks
+// it relies on.
 template <typename T>
 bool forward_kernel(const glai_cpu::sparse::Problem<T>& p, at::Tensor* y, at::Tensor* zg) {
+  if (!glai_cpu::sparse::inputs_in_range(p) ||
+      (zg == nullptr && !glai_cpu::sparse::groups_in_range(p)))
+    return true;
   const auto& k = glai_cpu::sparse::kernels<T>();
   T* yp = y != nullptr ? y->mutable_data_ptr<T>() : nullptr;
   T* zp = zg != nullptr ? zg->mutable_data_ptr<T>() : nullptr;
@@ -195,7 +199,6 @@ void forward_typed(const Sizes& s, const at::Tensor& x, const at::Tensor& act,
   const at::Tensor xt = transposed(x, s), actt = transposed(act, s);
   const at::Tensor v = values.to(y.scalar_type()).contiguous();
   const auto p = problem<T>(s, xt, actt, at::Tensor(), v, index);
-  if (zg == nullptr) check_index_contents(!glai_cpu::sparse::groups_in_range(p), "sparse_forward");
   check_index_contents(forward_kernel<T>(p, &y, zg), "sparse_forward");
 }
 
