@@ -66,7 +66,8 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
-    return [CSRC / "glai_ext.cpp", CSRC / "cpu" / "cpu_dispatch.cpp"]
+    return [CSRC / "glai_ext.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
+            CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
 
 def cuda_sources() -> list[Path]:
@@ -434,12 +435,42 @@ def _backward_fake(dy, x, act, weight, saved, need_x, need_act, need_weight):
                                     strict=True))
 
 
+SPARSE_BATCH_PAD = 16
+"""The CPU sparse kernels' Zg^T rows are B rounded up to this (glai_cpu::sparse::kBatchPad)."""
+
+
+def sparse_saved_shape(groups, batch, device_type: str) -> tuple:
+    """Zg^T as the sparse glai_ext kernels keep it: [G, B] on CUDA, [G, B rounded up to
+    SPARSE_BATCH_PAD] on the CPU (SymInts work too)."""
+    if device_type == "cuda":
+        return (groups, batch)
+    return (groups, (batch + SPARSE_BATCH_PAD - 1) // SPARSE_BATCH_PAD * SPARSE_BATCH_PAD)
+
+
+def _sparse_forward_fake(x, act, values, index, save):
+    from glai_kernels.contract import accumulation_dtype
+
+    groups = index[2].shape[0]  # KeptIndex.group_outputs [G]
+    outputs = index[4].shape[0] - 1  # KeptIndex.output_ptr [O + 1]
+    acc = accumulation_dtype(x.dtype)
+    saved = (x.new_empty(sparse_saved_shape(groups, x.shape[0], x.device.type), dtype=acc)
+             if save else x.new_empty(0, 0, dtype=acc))
+    return x.new_empty(x.shape[0], outputs), saved
+
+
+def _sparse_backward_fake(dy, x, act, values, index, saved, needs):
+    return tuple(t.new_empty(t.shape) if need else t.new_empty(0)
+                 for t, need in zip((x, act, values), needs, strict=True))
+
+
 @functools.cache
 def register_fakes() -> None:
-    """Register the fakes of glai_ext::forward and ::backward, once, after the library is
-    loaded (its TORCH_LIBRARY defines their schemas)."""
+    """Register the fakes of the glai_ext ops that take tensors (dense and sparse), once,
+    after the library is loaded (its TORCH_LIBRARY blocks define their schemas)."""
     torch.library.register_fake(f"{EXTENSION_NAME}::forward")(_forward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::backward")(_backward_fake)
+    torch.library.register_fake(f"{EXTENSION_NAME}::sparse_forward")(_sparse_forward_fake)
+    torch.library.register_fake(f"{EXTENSION_NAME}::sparse_backward")(_sparse_backward_fake)
 
 
 def cpu_availability(device_type: str) -> str | None:

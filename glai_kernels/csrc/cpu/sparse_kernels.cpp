@@ -1,0 +1,92 @@
+// Compiles sparse_kernels.inc once per instruction set, as cpu_dispatch.cpp does kernels.inc,
+// and follows cpu_dispatch.cpp's run-time choice: kernels<T>() returns the set that
+// glai_cpu::isa() names, so $GLAI_KERNELS_CPU_ISA and glai_ext::cpu_isa switch the dense and
+// the sparse kernels together. The namespaces differ from the dense ones (glai_cpu::sparse::
+// <isa>): the two .inc files define helpers of the same names.
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+#include "sparse_kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GLAI_SPARSE_X86 1
+#endif
+
+#if GLAI_SPARSE_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+#endif
+namespace glai_cpu::sparse::avx512 {
+#define VBYTES 64
+#include "sparse_kernels.inc"
+#undef VBYTES
+}  // namespace glai_cpu::sparse::avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+namespace glai_cpu::sparse::avx2 {
+#define VBYTES 32
+#include "sparse_kernels.inc"
+#undef VBYTES
+}  // namespace glai_cpu::sparse::avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // GLAI_SPARSE_X86
+
+namespace glai_cpu::sparse::portable {
+#define VBYTES 16
+#include "sparse_kernels.inc"
+#undef VBYTES
+}  // namespace glai_cpu::sparse::portable
+
+namespace glai_cpu::sparse {
+namespace {
+
+#define GLAI_SPARSE_SET(ns, T) \
+  Kernels<T> { &ns::forward<T>, &ns::dvalues<T>, &ns::dx<T>, &ns::dact<T> }
+
+template <typename T>
+struct Named {
+  const char* name;
+  Kernels<T> kernels;
+};
+
+template <typename T>
+const Kernels<T>& pick() {
+  static const Named<T> sets[] = {
+#if GLAI_SPARSE_X86
+      {"avx512", GLAI_SPARSE_SET(avx512, T)},
+      {"avx2", GLAI_SPARSE_SET(avx2, T)},
+#endif
+      {"portable", GLAI_SPARSE_SET(portable, T)},
+  };
+  const char* chosen = glai_cpu::isa();
+  for (const auto& set : sets)
+    if (std::strcmp(set.name, chosen) == 0) return set.kernels;
+  return sets[sizeof(sets) / sizeof(sets[0]) - 1].kernels;  // portable runs everywhere
+}
+
+}  // namespace
+
+template <>
+const Kernels<float>& kernels<float>() {
+  return pick<float>();
+}
+template <>
+const Kernels<double>& kernels<double>() {
+  return pick<double>();
+}
+
+}  // namespace glai_cpu::sparse

@@ -1,0 +1,330 @@
+// The sparse kept-path estimator's ops in the glai_ext library, CPU implementation.
+//
+//   glai_ext::sparse_forward(x [B, I], act [B, P], values [K], index, save) -> (y [B, O], zg)
+//   glai_ext::sparse_backward(dy [B, O], x, act, values, index, saved, needs [3])
+//       -> (dx [B, I], dact [B, P], dvalues [K]), each empty [0] when not needed
+//   glai_ext::sparse_min_work(work=-1) -> the multiply-adds per thread below which the sparse
+//       kernels use fewer threads (work >= 0 sets it; returns the value before)
+//
+// `index` is the ten KeptIndex tensors in glai_kernels/sparse/layout.py's order. `zg` is the
+// group sums Zg^T [G, ld] (ld = B rounded up to 16, the padding lanes zero) in float32 for
+// float16/bfloat16 inputs, else the inputs' dtype, when `save` is true, else empty; the
+// backward takes dact from it as `saved` instead of recomputing the group sums. Half inputs are
+// widened to float32 once, on their way into the kernels' transposed operands, and every sum
+// runs in float32: no half intermediate.
+//
+// Every argument is checked here (ranks, dtypes, devices, contiguity of the index, sizes,
+// the ptr arrays' end points) and every offset and index by the kernels as they use it
+// (sparse_kernels.h), so a direct call with a corrupt index raises instead of touching memory
+// outside its tensors.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <tuple>
+#include <vector>
+
+#include "cpu/sparse_kernels.h"
+#include "sparse_schema.h"
+
+namespace glai_ext {
+namespace {
+
+using glai_cpu::sparse::kBatchPad;
+
+constexpr const char* kWho = "glai_ext sparse";
+// KeptIndex's fields, in order (layout.py)
+constexpr const char* kIndexNames[] = {"inputs",    "group_ptr",     "group_outputs",
+                                       "group_paths", "output_ptr",  "input_ptr",
+                                       "input_entries", "entry_groups", "path_ptr",
+                                       "path_groups"};
+constexpr size_t kIndexCount = sizeof(kIndexNames) / sizeof(kIndexNames[0]);
+
+// Below this many multiply-adds per thread a call uses fewer threads: starting and joining a
+// parallel region costs tens of microseconds, more on a loaded machine (bench/NOTES.md).
+std::atomic<int64_t> g_min_work{int64_t{1} << 19};
+
+struct Sizes {
+  int64_t batch, inputs, paths, outputs, nnz, groups, ld;
+};
+
+int64_t padded(int64_t batch) { return (batch + kBatchPad - 1) / kBatchPad * kBatchPad; }
+
+at::ScalarType accumulation(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+int32_t at_index(const at::Tensor& t, int64_t i) { return t.const_data_ptr<int32_t>()[i]; }
+
+Sizes check(const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+            const std::vector<at::Tensor>& index) {
+  TORCH_CHECK(x.dim() == 2, kWho, ": x must be [B, I], got ", x.sizes());
+  TORCH_CHECK(act.dim() == 2, kWho, ": act must be [B, P], got ", act.sizes());
+  TORCH_CHECK(values.dim() == 1, kWho, ": values must be [K], got ", values.sizes());
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+              kWho, ": x must be float32, float64, float16 or bfloat16, got ", t);
+  TORCH_CHECK(act.scalar_type() == t && values.scalar_type() == t, kWho,
+              ": x, act and values must share a dtype, got ", t, ", ", act.scalar_type(), ", ",
+              values.scalar_type());
+  TORCH_CHECK(x.is_cpu() && act.is_cpu() && values.is_cpu(), kWho,
+              ": x, act and values must be CPU tensors, got ", x.device(), ", ", act.device(),
+              ", ", values.device());
+  TORCH_CHECK(index.size() == kIndexCount, kWho, ": index must hold ", kIndexCount,
+              " tensors (the KeptIndex fields), got ", index.size());
+  for (size_t f = 0; f < kIndexCount; ++f) {
+    const at::Tensor& ix = index[f];
+    TORCH_CHECK(ix.dim() == 1 && ix.scalar_type() == at::kInt && ix.is_cpu() &&
+                    ix.is_contiguous(),
+                kWho, ": index.", kIndexNames[f],
+                " must be a contiguous 1-d int32 CPU tensor, got ", ix.scalar_type(), " ",
+                ix.sizes(), " on ", ix.device(), ix.is_contiguous() ? "" : " (strided)");
+  }
+  const at::Tensor &inputs = index[0], &group_ptr = index[1], &group_outputs = index[2],
+                   &group_paths = index[3], &output_ptr = index[4], &input_ptr = index[5],
+                   &input_entries = index[6], &entry_groups = index[7], &path_ptr = index[8],
+                   &path_groups = index[9];
+  TORCH_CHECK(output_ptr.numel() >= 1 && input_ptr.numel() >= 1 && path_ptr.numel() >= 1 &&
+                  group_ptr.numel() >= 1,
+              kWho, ": index.group_ptr, output_ptr, input_ptr and path_ptr need at least one "
+              "entry each");
+  Sizes s{x.size(0), input_ptr.numel() - 1, path_ptr.numel() - 1, output_ptr.numel() - 1,
+          values.numel(), group_outputs.numel(), padded(x.size(0))};
+  TORCH_CHECK(x.size(1) == s.inputs, kWho, ": x must be [B, I] with I = ", s.inputs,
+              " (index.input_ptr has I + 1 entries), got ", x.sizes());
+  TORCH_CHECK(act.size(0) == s.batch && act.size(1) == s.paths, kWho, ": act must be [",
+              s.batch, ", ", s.paths, "] (B from x, P from index.path_ptr), got ", act.sizes());
+  for (const auto* k : {&inputs, &input_entries, &entry_groups})
+    TORCH_CHECK(k->numel() == s.nnz, kWho, ": index.inputs, input_entries and entry_groups "
+                "must have K = ", s.nnz, " entries (values [K]), got ", inputs.numel(), ", ",
+                input_entries.numel(), ", ", entry_groups.numel());
+  TORCH_CHECK(group_ptr.numel() == s.groups + 1 && group_paths.numel() == s.groups &&
+                  path_groups.numel() == s.groups,
+              kWho, ": index.group_ptr, group_paths and path_groups must have G + 1, G, G "
+              "entries with G = ", s.groups, " (index.group_outputs), got ", group_ptr.numel(),
+              ", ", group_paths.numel(), ", ", path_groups.numel());
+  // with the kernels' check that each range is non-decreasing and inside, these make the
+  // ranges a partition, so every result element is written
+  const struct {
+    const char* name;
+    const at::Tensor* ptr;
+    int64_t rows, total;
+  } ptrs[] = {{"group_ptr", &group_ptr, s.groups, s.nnz},
+              {"output_ptr", &output_ptr, s.outputs, s.groups},
+              {"input_ptr", &input_ptr, s.inputs, s.nnz},
+              {"path_ptr", &path_ptr, s.paths, s.groups}};
+  for (const auto& p : ptrs)
+    TORCH_CHECK(at_index(*p.ptr, 0) == 0 && at_index(*p.ptr, p.rows) == p.total, kWho,
+                ": index.", p.name, " must run from 0 to ", p.total, ", got ",
+                at_index(*p.ptr, 0), " to ", at_index(*p.ptr, p.rows));
+  return s;
+}
+
+void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
+  TORCH_CHECK(dy.dim() == 2 && dy.size(0) == s.batch && dy.size(1) == s.outputs, kWho,
+              ": dy must be [", s.batch, ", ", s.outputs, "], got ", dy.sizes());
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type() && dy.is_cpu(), kWho,
+              ": dy must be a CPU tensor of x's dtype (", x.scalar_type(), "), got ",
+              dy.scalar_type(), " on ", dy.device());
+}
+
+// t [B, n] as [n, ld] in the accumulation dtype, the padding columns zero.
+at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
+  const int64_t n = t.size(1);
+  at::Tensor out = at::empty({n, s.ld}, t.options().dtype(accumulation(t.scalar_type())));
+  if (s.ld > s.batch) out.narrow(1, s.batch, s.ld - s.batch).zero_();
+  out.narrow(1, 0, s.batch).copy_(t.t());
+  return out;
+}
+
+// Runs fn(begin, end) over chunks of [0, n) on up to torch's intra-op thread count (fewer
+// for small work), chunks taken one at a time from a shared counter so that a descheduled
+// thread on a shared machine does not hold back the rest. Returns whether any chunk was bad.
+template <typename F>
+bool run_items(int64_t n, int64_t work, const F& fn) {
+  const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, g_min_work.load()));
+  const int64_t threads = std::min<int64_t>({at::get_num_threads(), n, by_work});
+  if (threads <= 1 || at::in_parallel_region()) return fn(int64_t{0}, n) != 0;
+  const int64_t chunks = std::min<int64_t>(n, threads * 8);
+  std::atomic<int64_t> next{0};
+  std::atomic<int> bad{0};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
+        if (fn(n * c / chunks, n * (c + 1) / chunks) != 0) bad.store(1);
+    }
+  });
+  return bad.load() != 0;
+}
+
+template <typename T>
+glai_cpu::sparse::Problem<T> problem(const Sizes& s, const at::Tensor& xt, const at::Tensor& actt,
+                                     const at::Tensor& dyt, const at::Tensor& values,
+                                     const std::vector<at::Tensor>& index) {
+  auto ix = [&](size_t f) { return index[f].const_data_ptr<int32_t>(); };
+  auto ptr = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr<T>() : nullptr; };
+  return {s.batch, s.ld, s.inputs, s.paths, s.outputs, s.nnz, s.groups,
+          ptr(xt), ptr(actt), ptr(dyt), ptr(values),
+          ix(0), ix(1), ix(2), ix(3), ix(4), ix(5), ix(6), ix(7), ix(8), ix(9)};
+}
+
+void check_index_contents(bool bad, const char* op) {
+  TORCH_CHECK(!bad, "glai_ext::", op, ": the index is corrupt (an offset or index out of "
+              "range, or offsets that decrease); build it with glai_kernels.sparse.from_dense "
+              "or from_entries");
+}
+
+// y [B, O] and/or the group sums Zg^T [G, ld] by the forward kernel, after the index checks
+// it relies on.
+template <typename T>
+bool forward_kernel(const glai_cpu::sparse::Problem<T>& p, at::Tensor* y, at::Tensor* zg) {
+  if (!glai_cpu::sparse::inputs_in_range(p) ||
+      (zg == nullptr && !glai_cpu::sparse::groups_in_range(p)))
+    return true;
+  const auto& k = glai_cpu::sparse::kernels<T>();
+  T* yp = y != nullptr ? y->mutable_data_ptr<T>() : nullptr;
+  T* zp = zg != nullptr ? zg->mutable_data_ptr<T>() : nullptr;
+  return run_items(p.outputs, p.ld * (p.nnz + p.groups), [&](int64_t b, int64_t e) {
+    return k.forward(p, yp, zp, b, e);
+  });
+}
+
+template <typename T>
+void forward_typed(const Sizes& s, const at::Tensor& x, const at::Tensor& act,
+                   const at::Tensor& values, const std::vector<at::Tensor>& index, at::Tensor& y,
+                   at::Tensor* zg) {
+  const at::Tensor xt = transposed(x, s), actt = transposed(act, s);
+  const at::Tensor v = values.to(y.scalar_type()).contiguous();
+  const auto p = problem<T>(s, xt, actt, at::Tensor(), v, index);
+  check_index_contents(forward_kernel<T>(p, &y, zg), "sparse_forward");
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_forward_cpu(const at::Tensor& x,
+                                                      const at::Tensor& act,
+                                                      const at::Tensor& values,
+                                                      at::TensorList index_list, bool save) {
+  const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
+  const Sizes s = check(x, act, values, index);
+  const auto acc = x.options().dtype(accumulation(x.scalar_type()));
+  // the kernel writes every element of both (the index checks make its ranges a partition)
+  at::Tensor y = at::empty({s.batch, s.outputs}, acc);
+  at::Tensor zg = at::empty({save ? s.groups : 0, save ? s.ld : 0}, acc);
+  if (s.batch > 0) {
+    if (x.scalar_type() == at::kDouble) {
+      forward_typed<double>(s, x, act, values, index, y, save ? &zg : nullptr);
+    } else {
+      forward_typed<float>(s, x, act, values, index, y, save ? &zg : nullptr);
+    }
+  }
+  return {y.to(x.scalar_type()), zg};
+}
+
+template <typename T>
+void backward_typed(const Sizes& s, const at::Tensor& dy, const at::Tensor& x,
+                    const at::Tensor& act, const at::Tensor& values,
+                    const std::vector<at::Tensor>& index, const at::Tensor& saved,
+                    at::Tensor& dx, at::Tensor& dact, at::Tensor& dv) {
+  const bool recompute = dact.defined() && !saved.defined();
+  const at::Tensor xt = (dv.defined() || recompute) ? transposed(x, s) : at::Tensor();
+  const at::Tensor actt = transposed(act, s), dyt = transposed(dy, s);
+  const at::Tensor v = values.to(actt.scalar_type()).contiguous();
+  const auto p = problem<T>(s, xt, actt, dyt, v, index);
+  const auto& k = glai_cpu::sparse::kernels<T>();
+  bool bad = false;
+  if (dx.defined()) {
+    check_index_contents(!glai_cpu::sparse::groups_in_range(p), "sparse_backward");
+    T* out = dx.mutable_data_ptr<T>();
+    bad |= run_items(s.inputs, s.ld * s.nnz,
+                     [&](int64_t b, int64_t e) { return k.dx(p, out, b, e); });
+  }
+  if (dv.defined()) {
+    T* out = dv.mutable_data_ptr<T>();
+    bad |= run_items(s.groups, s.ld * (s.nnz + s.groups),
+                     [&](int64_t b, int64_t e) { return k.dvalues(p, out, b, e); });
+  }
+  if (dact.defined()) {
+    at::Tensor zg = saved;
+    if (recompute) {
+      zg = at::empty({s.groups, s.ld}, actt.options());
+      bad |= forward_kernel<T>(p, nullptr, &zg);
+    }
+    const T* z = zg.const_data_ptr<T>();
+    T* out = dact.mutable_data_ptr<T>();
+    bad |= run_items(s.paths, s.ld * s.groups,
+                     [&](int64_t b, int64_t e) { return k.dact(p, z, out, b, e); });
+  }
+  check_index_contents(bad, "sparse_backward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+    at::TensorList index_list, const at::Tensor& saved_in, bool need_x, bool need_act,
+    bool need_values) {
+  const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
+  const Sizes s = check(x, act, values, index);
+  check_dy(dy, x, s);
+  const auto acc = accumulation(x.scalar_type());
+  at::Tensor saved;
+  if (saved_in.numel() > 0 && need_act) {
+    TORCH_CHECK(saved_in.dim() == 2 && saved_in.size(0) == s.groups && saved_in.size(1) == s.ld,
+                kWho, ": saved must be the forward's Zg^T [G, ld] = [", s.groups, ", ", s.ld,
+                "], got ", saved_in.sizes());
+    TORCH_CHECK(saved_in.scalar_type() == acc && saved_in.is_cpu(), kWho,
+                ": saved must be a CPU tensor of dtype ", acc, ", got ", saved_in.scalar_type(),
+                " on ", saved_in.device());
+    saved = saved_in.contiguous();
+  }
+  const auto opts = x.options().dtype(acc);
+  // the kernels write every element; with B = 0 every gradient is an empty sum
+  auto grad = [&](bool need, at::IntArrayRef shape) {
+    if (!need) return at::Tensor();
+    return s.batch == 0 ? at::zeros(shape, opts) : at::empty(shape, opts);
+  };
+  at::Tensor dx = grad(need_x, {s.batch, s.inputs});
+  at::Tensor dact = grad(need_act, {s.batch, s.paths});
+  at::Tensor dv = grad(need_values, {s.nnz});
+  if (s.batch > 0 && (need_x || need_act || need_values)) {
+    if (acc == at::kDouble) {
+      backward_typed<double>(s, dy, x, act, values, index, saved, dx, dact, dv);
+    } else {
+      backward_typed<float>(s, dy, x, act, values, index, saved, dx, dact, dv);
+    }
+  }
+  auto result = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(x.scalar_type()) : at::empty({0}, x.options());
+  };
+  return {result(dx), result(dact), result(dv)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu_needs(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+    at::TensorList index, const at::Tensor& saved, c10::List<bool> needs) {
+  TORCH_CHECK(needs.size() == 3, kWho, ": needs must be [need_x, need_act, need_values], got ",
+              needs.size(), " entries");
+  return sparse_backward_cpu(dy, x, act, values, index, saved, needs.get(0), needs.get(1),
+                             needs.get(2));
+}
+
+int64_t sparse_min_work(int64_t work) {
+  return work >= 0 ? g_min_work.exchange(work) : g_min_work.load();
+}
+
+}  // namespace
+
+// The two ops' schemas are shared with the CUDA implementation (sparse_schema.h).
+[[maybe_unused]] const bool kSchemasDefined = glai_ext::define_sparse_schemas();
+
+TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
+  m.def("sparse_min_work(int work=-1) -> int", &sparse_min_work);
+}
+
+TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
+  m.impl("sparse_forward", &sparse_forward_cpu);
+  m.impl("sparse_backward", &sparse_backward_cpu_needs);
+}
+
+}  // namespace glai_ext

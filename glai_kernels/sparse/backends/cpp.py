@@ -1,0 +1,99 @@
+"""`cpp` (sparse): fused CPU kernels over the kept-path layout, in the glai_ext extension.
+
+The ops `glai_ext::sparse_forward` and `glai_ext::sparse_backward` (glai_kernels/csrc/
+sparse_binding.cpp, kernels in csrc/cpu/sparse_kernels.inc) are built with the dense `cpp`
+backend's extension and share its run-time choice of instruction set (AVX-512, AVX2 or
+portable; $GLAI_KERNELS_CPU_ISA or `torch.ops.glai_ext.cpu_isa(name)` force one). The batch
+runs on the vector lanes: x, act and dy are transposed once per call to [rows, ld] (ld = B
+rounded up to 16, zero padded, float32 for half inputs), so a kept entry costs one contiguous
+load of B values and one FMA per vector. Four kernels, each parallel over items whose results
+no other item touches (no atomics, a fixed summation order, the same bits for any thread
+count):
+
+    forward   over outputs o:  Zg[g] = sum_k v_k x^T[i_k],  y^T[o] = sum_g act^T[s_g] Zg[g]
+    dvalues   over groups g:   dv[k] = <dy^T[o_g] act^T[s_g], x^T[i_k]>
+    dx        over inputs i:   dx^T[i] = sum_{k of i} v_k dy^T[o_k] act^T[s_k]
+    dact      over paths s:    dact^T[s] = sum_{g of s} dy^T[o_g] Zg[g]
+
+The forward keeps Zg^T [G, ld] (float32 for half inputs) when act needs a gradient; dact then
+costs B·G instead of recomputing the group sums. Without Zg and with small groups (fewer than
+10 entries on average) the forward runs flat over each output's entries instead,
+y^T[o] = sum_k (v_k act^T[s_k]) x^T[i_k]. Every index is range-checked (per call for the
+arrays the hot loops read, per entry elsewhere): a corrupt index raises, it never reads or
+writes outside its tensors. `torch.ops.glai_ext.sparse_min_work(n)` sets the multiply-adds per
+thread below which a call uses fewer threads (0: always all of torch's threads; a test hook).
+Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
+`python -m bench.sparse_cpp_timing`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glai_kernels import extension
+from glai_kernels.registry import Backend
+from glai_kernels.sparse.layout import KeptIndex
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+
+BATCH_PAD = extension.SPARSE_BATCH_PAD
+"""Zg^T's row length is B rounded up to this (glai_cpu::sparse::kBatchPad)."""
+
+
+def padded_batch(batch):
+    """B rounded up to BATCH_PAD (works on SymInts too)."""
+    return extension.sparse_saved_shape(0, batch, "cpu")[1]
+
+
+def cpp_forward(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                index: KeptIndex) -> torch.Tensor:
+    """x [B, I], act [B, P], values [K] -> y [B, O]."""
+    return torch.ops.glai_ext.sparse_forward(x, act, values, list(index), False)[0]
+
+
+def cpp_forward_saving(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                       index: KeptIndex) -> tuple[torch.Tensor, torch.Tensor]:
+    """As cpp_forward, also returning Zg^T [G, padded_batch(B)] (accumulation dtype)."""
+    y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, list(index), True)
+    return y, zg
+
+
+def cpp_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    values: torch.Tensor,
+    index: KeptIndex,
+    needs: tuple[bool, bool, bool],
+    saved: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), only those in `needs`; `saved` is
+    cpp_forward_saving's Zg^T, else dact recomputes the group sums."""
+    zg = saved if saved is not None else dy.new_empty(0)
+    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg, list(needs))
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
+
+
+def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
+    """Zg^T: [G, B rounded up to BATCH_PAD]."""
+    return (shape.groups, padded_batch(shape.batch))
+
+
+def cpp_auto_priority() -> dict[str, int]:
+    """Above the `torch` sparse backend (10) on every CPU: forward + backward at μ = 1% measured
+    1.4-2.9x faster than `torch` with each instruction set, the portable build included (B1
+    and A1, B = 16 and 256, one thread; bench/NOTES.md, "Sparse kept-path estimator")."""
+    return {"cpu": 20}
+
+
+SPARSE_ESTIMATOR.register(Backend(
+    name="cpp",
+    forward=cpp_forward,
+    backward=cpp_backward,
+    forward_saving=cpp_forward_saving,
+    saved_shape=saved_groups_shape,
+    devices=("cpu",),
+    description="C++ extension: fused kept-path CPU kernels, batch on the vector lanes "
+                "(AVX-512, AVX2, portable)",
+    auto_priority=cpp_auto_priority(),
+    availability=extension.cpu_availability,
+))
