@@ -1,7 +1,13 @@
-"""`GLAIHead`: a frozen path selector feeding the estimator op; a drop-in MLP head."""
+"""`GLAIHead`: a frozen path selector feeding the estimator op; a drop-in MLP head.
+
+Two layouts of the path weights: "dense" (a Parameter [O, I, P], with an optional mask of
+the paths that exist) and "sparse" (a `glai_kernels.sparse.SparsePathWeight`: only the K
+kept values are a Parameter, the sparse op computes over them). `prune` picks the layout.
+"""
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 
@@ -10,8 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from glai_kernels import registry
+from glai_kernels import sparse as sparse_op
 from glai_kernels.glai.selector import PathSelector
 from glai_kernels.op import estimator
+from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight
+
+LAYOUTS = ("dense", "sparse")
 
 
 def _zero_pruned_gradient(module_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
@@ -32,18 +42,29 @@ class GLAIHead(nn.Module):
     """y = estimator([x, 1], selector(x), weight, bias): a GLAI model as an nn.Module.
 
     Shapes: x [B, n0] -> y [B, O]; weight [O, I = n0+1, P]; act [B, P] from the frozen
-    selector. Only `weight` and `bias` are parameters (the selector's layers are buffers).
-    `weight_mask` (bool [O, I, P], or None for all) marks the path weights that exist: entries
-    outside it are zero, get zero gradient (a post-accumulate-grad hook zeroes it in place
-    after each backward), and are not counted by `num_parameters()`.
-    `backend_used` records the estimator backend of the last forward.
-    Build one with `glai_kernels.from_mlp(mlp)`; prune with `glai_kernels.glai.prune`.
+    selector (its layers are buffers).
+
+    Dense layout (`weight` a tensor): the parameters are `weight` and `bias`. `weight_mask`
+    (bool [O, I, P], or None for all) marks the path weights that exist: entries outside it
+    are zero, get zero gradient (a post-accumulate-grad hook zeroes it in place after each
+    backward), and are not counted by `num_parameters()`.
+
+    Sparse layout (`weight` a SparsePathWeight, no mask): the parameters are
+    `sparse_weight.values` [K] and `bias`, so `sum(p.numel() for p in head.parameters()) ==
+    head.num_parameters()` and an optimizer steps over K values; the forward runs the sparse
+    op (`glai_kernels.sparse.estimator`; `backend` names a sparse backend). `head.weight`
+    and `head.weight_mask` still read as the dense [O, I, P] weight and mask, computed on
+    each access (for inspection: O·I·P elements).
+
+    `backend_used` records the estimator backend of the last forward (of the dense or the
+    sparse registry, as `layout` says). Build one with `glai_kernels.from_mlp(mlp)`; prune
+    with `glai_kernels.glai.prune`.
     """
 
     def __init__(
         self,
         selector: PathSelector,
-        weight: torch.Tensor,
+        weight: torch.Tensor | SparsePathWeight,
         bias: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         *,
@@ -51,16 +72,33 @@ class GLAIHead(nn.Module):
     ) -> None:
         super().__init__()
         n0 = selector.widths[0]
-        if weight.dim() != 3 or weight.shape[1:] != (n0 + 1, selector.paths):
+        shape = tuple(weight.shape)
+        if len(shape) != 3 or shape[1:] != (n0 + 1, selector.paths):
             raise ValueError(f"weight must be [O, {n0 + 1}, {selector.paths}] for this "
-                             f"selector, got {list(weight.shape)}")
+                             f"selector, got {list(shape)}")
+        if bias is not None and bias.shape != shape[:1]:
+            raise ValueError(f"bias must be [{shape[0]}], got {list(bias.shape)}")
+        self.selector = selector
+        self.backend = backend
+        self.backend_used: str | None = None
+        self._hooked: int | None = None
+        if isinstance(weight, SparsePathWeight):
+            if mask is not None:
+                raise ValueError("mask must be None with a SparsePathWeight (its entries are "
+                                 "the paths that exist)")
+            sparse_backend_name(backend)  # an unknown name fails here, not mid-training
+            self.sparse_weight = weight
+            self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
+            return
+        self._init_dense(weight, bias, mask)
+
+    def _init_dense(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                    mask: torch.Tensor | None) -> None:
+        backend = self.backend
         if mask is not None and (mask.shape != weight.shape or mask.dtype != torch.bool):
             raise ValueError(f"mask must be bool {list(weight.shape)}, got {mask.dtype} "
                              f"{list(mask.shape)}")
-        if bias is not None and bias.shape != weight.shape[:1]:
-            raise ValueError(f"bias must be [{weight.shape[0]}], got {list(bias.shape)}")
         registry.requested_name(backend)  # an unknown backend name fails here, not mid-training
-        self.selector = selector
         weight = weight.detach().clone()
         pruned = None if mask is None else ~mask
         if pruned is not None:
@@ -70,10 +108,21 @@ class GLAIHead(nn.Module):
         self.register_buffer("weight_mask", None if mask is None else mask.clone())
         # the complement, kept so each step's gradient masking is one in-place pass
         self.register_buffer("_pruned", pruned, persistent=False)
-        self._hooked: int | None = None
-        self.backend = backend
-        self.backend_used: str | None = None
         self._ensure_gradient_mask()
+
+    @property
+    def layout(self) -> str:
+        """"sparse" when the kept values are the parameter, else "dense"."""
+        sparse = self.__dict__.get("_modules", {}).get("sparse_weight") is not None
+        return "sparse" if sparse else "dense"
+
+    def __getattr__(self, name: str):
+        # The sparse layout has no dense `weight` / `weight_mask`; reading them gives the
+        # dense view, so code that inspects a head works in either layout.
+        sw = self.__dict__.get("_modules", {}).get("sparse_weight")
+        if name in ("weight", "weight_mask") and sw is not None:
+            return sw.to_dense() if name == "weight" else sw.mask()
+        return super().__getattr__(name)
 
     def _ensure_gradient_mask(self) -> None:
         # Hooks live on the Parameter object and are not deep-copied, so a copied head (or one
@@ -85,24 +134,42 @@ class GLAIHead(nn.Module):
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         super()._load_from_state_dict(*args, **kwargs)
-        if self.weight_mask is not None:  # a loaded mask replaces its complement too
-            self._pruned = ~self.weight_mask
+        if self.layout == "dense" and self.weight_mask is not None:
+            self._pruned = ~self.weight_mask  # a loaded mask replaces its complement too
 
     @property
     def in_features(self) -> int:
         return self.selector.widths[0]
 
     @property
+    def weight_shape(self) -> tuple[int, int, int]:
+        """(O, I, P) of the estimator weight, in either layout."""
+        if self.layout == "sparse":
+            return self.sparse_weight.shape
+        return tuple(self.weight.shape)
+
+    @property
     def out_features(self) -> int:
-        return self.weight.shape[0]
+        return self.weight_shape[0]
 
     @property
     def paths(self) -> int:
         """P, the estimator's path columns (dense size of its last dimension)."""
-        return self.weight.shape[2]
+        return self.weight_shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The path weights' dtype."""
+        return self.sparse_weight.dtype if self.layout == "sparse" else self.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.sparse_weight.device if self.layout == "sparse" else self.weight.device
 
     def path_count(self) -> int:
         """Path weights that exist (kept and not structurally zero)."""
+        if self.layout == "sparse":
+            return self.sparse_weight.nnz
         if self.weight_mask is None:
             return self.weight.numel()
         return int(self.weight_mask.sum())
@@ -115,6 +182,11 @@ class GLAIHead(nn.Module):
         """x [B, n0] -> y [B, O]."""
         act = self.selector(x)
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
+        if self.layout == "sparse":
+            chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype)
+            self.backend_used = chosen.name
+            return sparse_op.estimator(x_aug, act, self.sparse_weight, self.bias,
+                                       backend=chosen.name)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
         impl = registry.resolve(self.backend, x.device, x.dtype)
@@ -122,6 +194,31 @@ class GLAIHead(nn.Module):
         return estimator(x_aug, act, self.weight, self.bias, backend=impl.name)
 
     def extra_repr(self) -> str:
+        out_count, in_count, path_count = self.weight_shape
         return (f"in_features={self.in_features}, paths={self.paths}, "
                 f"out_features={self.out_features}, kept={self.path_count()}/"
-                f"{self.weight.numel()}, backend={self.backend or 'env/auto'}")
+                f"{out_count * in_count * path_count}, layout={self.layout}, "
+                f"backend={self.backend or 'env/auto'}")
+
+
+def sparse_backend_name(backend: str | None) -> str:
+    """The sparse backend `backend` (else $GLAI_BACKEND, else "auto") asks for; raises
+    ValueError if it names none (e.g. a backend only the dense op has)."""
+    if backend is None:
+        chosen = os.environ.get(registry.ENV_VAR, "") or registry.AUTO
+        if chosen != registry.AUTO and chosen not in SPARSE_ESTIMATOR.names():
+            known = ", ".join([registry.AUTO, *sorted(SPARSE_ESTIMATOR.names())])
+            raise ValueError(f"${registry.ENV_VAR}={chosen!r} names no sparse estimator "
+                             f"backend; sparse backends: {known}")
+        return chosen
+    return SPARSE_ESTIMATOR.requested_name(backend)
+
+
+def has_sparse_backend(backend: str | None) -> bool:
+    """Whether the requested backend (argument, else $GLAI_BACKEND, else auto) exists for
+    the sparse op."""
+    try:
+        sparse_backend_name(backend)
+    except ValueError:
+        return False
+    return True

@@ -8,11 +8,16 @@ model by at most the sum of their scores,
     Σ_o (1/|Ω|) Σ_x |φ_o(x) − φ̃_o(x)|  <=  Σ_{(o,i,s) in E} |weight[o,i,s]| ‖c_{i,s}‖₁.
 
 Two ways to keep a budget of path weights:
-  * unstructured: the top-`keep` scores, anywhere; the tensor stays dense [O, I, P] with a
-    mask (a dense kernel still does all I*P*O work);
+  * unstructured: the top-`keep` scores, anywhere;
   * structured: whole path columns s (one selector unit, or unit tuple, with all its inputs
     and outputs), highest total score first: a smaller dense P, no mask, less work.
 Columns left with no kept weight are dropped in both (exact: they contribute nothing).
+
+The pruned head's layout (`layout=`): "sparse" holds only the kept values as its parameter
+and runs the sparse op (glai_kernels.sparse), whose cost follows K; "dense" keeps an
+[O, I, P'] weight with a mask (a dense kernel does all O·I·P' work); "auto" (the default)
+takes sparse when the kept fraction K / (O·I·P') is at most `SPARSE_CROSSOVER` for the
+head's device and the requested backend exists for the sparse op, else dense.
 """
 
 from __future__ import annotations
@@ -22,7 +27,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from glai_kernels.glai.head import GLAIHead
+from glai_kernels.glai.head import GLAIHead, has_sparse_backend, sparse_backend_name
+from glai_kernels.sparse import SparsePathWeight
+
+SPARSE_CROSSOVER: dict[str, float] = {"cpu": 0.25}
+"""Per device type, the kept fraction K / (O·I·P') at or below which the sparse layout's
+training step beats the dense one's (measured at the A1 and B1 heads' shapes: bench/NOTES.md,
+"Sparse kept-path estimator"). A device type not listed always gets the dense layout under
+layout="auto"."""
+
+LAYOUT_CHOICES = ("auto", "dense", "sparse")
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,7 @@ class PruneResult:
     mu: float
     dropped_score: float
     structured: bool
+    layout: str = "dense"
 
 
 @torch.no_grad()
@@ -45,7 +60,7 @@ def path_norms(head: GLAIHead, reference: torch.Tensor, batch_size: int = 4096) 
     if reference.dim() != 2 or reference.shape[1] != head.in_features or len(reference) == 0:
         raise ValueError(f"reference must be a non-empty [N, {head.in_features}] tensor, got "
                          f"{list(reference.shape)}")
-    dtype, device = head.weight.dtype, head.weight.device
+    dtype, device = head.dtype, head.device
     was_training = head.selector.training
     head.selector.eval()
     try:
@@ -62,10 +77,76 @@ def path_norms(head: GLAIHead, reference: torch.Tensor, batch_size: int = 4096) 
 @torch.no_grad()
 def path_scores(head: GLAIHead, reference: torch.Tensor) -> torch.Tensor:
     """|weight[o,i,s]| * ‖c_{i,s}‖₁ [O, I, P]; zero where no path exists (outside the mask)."""
+    if head.layout == "sparse":
+        scores = torch.zeros(head.weight_shape, dtype=head.dtype, device=head.device)
+        scores[head.sparse_weight.entries()] = kept_scores(head, reference)
+        return scores
     scores = head.weight.detach().abs().mul_(path_norms(head, reference))  # one new tensor
     if head.weight_mask is not None:
         scores.masked_fill_(~head.weight_mask, 0)
     return scores
+
+
+@torch.no_grad()
+def kept_scores(head: GLAIHead, reference: torch.Tensor) -> torch.Tensor:
+    """The scores [K] of a sparse-layout head's kept entries, in its values' order."""
+    _, i, s = head.sparse_weight.entries()
+    return head.sparse_weight.values.detach().abs() * path_norms(head, reference)[i, s]
+
+
+def choose_layout(layout: str, kept: int, shape: tuple[int, int, int],
+                  device: torch.device, backend: str | None) -> str:
+    """"dense" or "sparse" for a pruned head of `kept` path weights in a [O, I, P'] weight."""
+    if layout not in LAYOUT_CHOICES:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUT_CHOICES)}, got {layout!r}")
+    if layout == "sparse":
+        sparse_backend_name(backend)  # names the backend if the sparse op lacks it
+        return "sparse"
+    if layout == "dense":
+        return "dense"
+    crossover = SPARSE_CROSSOVER.get(device.type)
+    density = kept / max(1, shape[0] * shape[1] * shape[2])
+    if crossover is None or density > crossover or not has_sparse_backend(backend):
+        return "dense"
+    return "sparse"
+
+
+def _build(head: GLAIHead, o: torch.Tensor, i: torch.Tensor, s: torch.Tensor,
+           values: torch.Tensor, layout: str) -> GLAIHead:
+    """A head of the kept entries (o, i, s) [K] (s in `head`'s columns) and their values,
+    keeping only the columns that still have a weight."""
+    columns = torch.unique(s)  # sorted
+    s = torch.searchsorted(columns, s)
+    shape = (head.out_features, head.in_features + 1, columns.numel())
+    chosen = choose_layout(layout, o.numel(), shape, head.device, head.backend)
+    bias = None if head.bias is None else head.bias.detach()
+    selector = head.selector.select(columns)
+    if chosen == "sparse":
+        weight = SparsePathWeight.from_entries(o, i, s, values, shape)
+        pruned = GLAIHead(selector, weight, bias, backend=head.backend)
+    else:
+        mask = torch.zeros(shape, dtype=torch.bool, device=values.device)
+        mask[o, i, s] = True
+        weight = values.new_zeros(shape).index_put_((o, i, s), values)
+        mask = None if bool(mask.all()) else mask
+        pruned = GLAIHead(selector, weight, bias, mask, backend=head.backend)
+    return pruned.train(head.training)
+
+
+def to_layout(head: GLAIHead, layout: str) -> GLAIHead:
+    """`head` in the "dense" or "sparse" layout (the same function; a new head, or `head`
+    itself when it is in that layout already). Columns with no path weight are dropped."""
+    if layout not in ("dense", "sparse"):
+        raise ValueError(f"layout must be 'dense' or 'sparse', got {layout!r}")
+    if head.layout == layout:
+        return head
+    if head.layout == "sparse":
+        o, i, s = head.sparse_weight.entries()
+        return _build(head, o, i, s, head.sparse_weight.values.detach(), layout)
+    mask = head.weight_mask if head.weight_mask is not None else torch.ones(
+        head.weight_shape, dtype=torch.bool, device=head.device)
+    o, i, s = mask.nonzero().unbind(1)
+    return _build(head, o, i, s, head.weight.detach()[o, i, s], layout)
 
 
 def _keep_count(candidates: int, keep: int | None, mu: float | None) -> int:
@@ -121,6 +202,7 @@ def prune(
     keep: int | None = None,
     mu: float | None = None,
     structured: bool = False,
+    layout: str = "auto",
 ) -> PruneResult:
     """Keep the best `keep` path weights (or the fraction `mu` of those that exist, rounded
     down) by score over `reference` [N, n0]; the head passed in is not modified.
@@ -128,8 +210,14 @@ def prune(
     Unstructured: exactly min(keep, existing) weights survive (ties broken arbitrarily).
     Structured: whole columns, best total score first, each taken if it still fits the
     budget, so at most `keep` survive. A budget >= the existing paths keeps every path
-    (the paper's Remark 5).
+    (the paper's Remark 5). `layout` ("auto", "dense" or "sparse") is the pruned head's
+    (module docstring); at most one dense [O, I, P] score tensor exists at a time, none
+    when `head` is in the sparse layout.
     """
+    if layout not in LAYOUT_CHOICES:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUT_CHOICES)}, got {layout!r}")
+    if head.layout == "sparse":
+        return _prune_sparse(head, reference, keep, mu, structured, layout)
     scores = path_scores(head, reference)
     support = head.weight_mask
     candidates = head.path_count()
@@ -146,8 +234,11 @@ def prune(
         if not chosen:
             raise ValueError(f"keep={count} is smaller than one whole path column "
                              f"({int(min(sizes))} weights); use the unstructured variant")
+        del scores
         columns = torch.tensor(sorted(chosen), dtype=torch.long)
         pruned = _subhead(head, columns, support)
+        if layout != "dense":
+            pruned = _relayout(pruned, layout)
         dropped = per_column.clone()
         dropped[columns.to(per_column.device)] = 0
         dropped_score = float(dropped.sum())
@@ -159,13 +250,54 @@ def prune(
             flat.masked_fill_(~support.view(-1), -1.0)
             structural = support.numel() - candidates
         _, indices = _top(flat, count)
-        mask = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
-        mask[indices] = True
-        mask = mask.view_as(scores)
         flat[indices] = 0  # what is left (plus the -1 marks) is the dropped scores
         # a float64 sum would first copy every score; torch's pairwise float32 sum is ample
         dropped_score = float(flat.sum()) + structural
-        columns = mask.any(1).any(0).nonzero().flatten()
-        pruned = _subhead(head, columns, mask)
+        del scores, flat  # the one dense score tensor goes before the pruned head is built
+        _, inputs, paths = head.weight_shape
+        indices = indices.sort().values
+        o, rest = indices // (inputs * paths), indices % (inputs * paths)
+        i, s = rest // paths, rest % paths
+        pruned = _build(head, o, i, s, head.weight.detach().view(-1)[indices], layout)
     return PruneResult(pruned, pruned.path_count(), candidates, pruned.path_count() / candidates,
-                       dropped_score, structured)
+                       dropped_score, structured, pruned.layout)
+
+
+def _relayout(head: GLAIHead, layout: str) -> GLAIHead:
+    """`head` in the layout that `layout` ("auto" or "sparse") chooses for it."""
+    chosen = choose_layout(layout, head.path_count(), head.weight_shape, head.device,
+                           head.backend)
+    return to_layout(head, chosen)
+
+
+def _prune_sparse(head: GLAIHead, reference: torch.Tensor, keep: int | None,
+                  mu: float | None, structured: bool, layout: str) -> PruneResult:
+    """`prune` of a sparse-layout head: scores [K] over its kept entries only."""
+    scores = kept_scores(head, reference)
+    candidates = head.path_count()
+    count = _keep_count(candidates, keep, mu)
+    o, i, s = head.sparse_weight.entries()
+    if structured:
+        per_column = torch.zeros(head.paths, dtype=torch.float64, device=scores.device)
+        per_column.index_add_(0, s, scores.double())
+        sizes = torch.bincount(s, minlength=head.paths).tolist()
+        chosen, room = [], count
+        for column in per_column.argsort(descending=True, stable=True).tolist():
+            if 0 < sizes[column] <= room:
+                chosen.append(column)
+                room -= sizes[column]
+        if not chosen:
+            raise ValueError(f"keep={count} is smaller than one whole path column "
+                             f"({min(n for n in sizes if n)} weights); use the unstructured "
+                             f"variant")
+        taken = torch.zeros(head.paths, dtype=torch.bool, device=s.device)
+        taken[torch.tensor(chosen, device=s.device)] = True
+        kept = taken[s]
+    else:
+        kept = torch.zeros(candidates, dtype=torch.bool, device=scores.device)
+        kept[_top(scores, count)[1]] = True
+    dropped_score = float(scores[~kept].sum(dtype=torch.float64))
+    values = head.sparse_weight.values.detach()[kept]
+    pruned = _build(head, o[kept], i[kept], s[kept], values, layout)
+    return PruneResult(pruned, pruned.path_count(), candidates, pruned.path_count() / candidates,
+                       dropped_score, structured, pruned.layout)

@@ -1,0 +1,188 @@
+"""The kept-path layout: which path weights exist, as index tensors a kernel can walk.
+
+A pruned estimator keeps K of the O·I·P path weights. Kept entry k is the triple
+(o_k, i_k, s_k) with value v[k]; the op computes (docs/ARCHITECTURE.md, the sparse op)
+
+    y[b, o]    = sum_{k: o_k = o} v[k] · x[b, i_k] · act[b, s_k]          (+ bias[o])
+    dv[k]      = sum_b dy[b, o_k] · x[b, i_k] · act[b, s_k]
+    dx[b, i]   = sum_{k: i_k = i} v[k] · dy[b, o_k] · act[b, s_k]
+    dact[b, s] = sum_{k: s_k = s} v[k] · dy[b, o_k] · x[b, i_k]
+
+ORDER. Entries are sorted by (o, s, i), lexicographically, and are unique. Consecutive
+entries with the same (o, s) form a GROUP; groups are numbered g = 0..G-1 in the same
+(o, s) order, so act[b, s] factors out of each group:
+
+    Zg[b, g]  = sum_{k in group g} v[k] · x[b, i_k]          (the group partial sum)
+    y[b, o]   = sum_{g: o_g = o} act[b, s_g] · Zg[b, g]
+    dact[b,s] = sum_{g: s_g = s} dy[b, o_g] · Zg[b, g]
+
+Zg is what a forward keeps for the backward when act needs a gradient (the sparse analogue
+of the dense op's Z): shape [B, G], in float32 for float16/bfloat16 inputs, else the
+inputs' dtype.
+
+INDEX TENSORS (`KeptIndex`, in this field order; all int32, contiguous, on the values'
+device; K < 2^31 and G < 2^31 are checked when building). "ptr" arrays are CSR-style
+offsets: items of row r are [ptr[r], ptr[r+1]), ptr[0] = 0, ptr[-1] = the item count.
+
+    inputs        [K]    i_k of entry k (entries in (o, s, i) order).
+    group_ptr     [G+1]  entries of group g: k in [group_ptr[g], group_ptr[g+1]); every
+                         group has at least one entry; within a group, i is increasing.
+    group_outputs [G]    o of group g (non-decreasing in g).
+    group_paths   [G]    s of group g (increasing within one output).
+    output_ptr    [O+1]  groups of output o: g in [output_ptr[o], output_ptr[o+1]); an
+                         output with no kept path has an empty range. A forward parallel
+                         over o writes y[:, o] alone, no atomics.
+    input_ptr     [I+1]  reverse order for dx: the entries with input i are
+    input_entries [K]      input_entries[input_ptr[i] : input_ptr[i+1]], increasing k.
+    entry_groups  [K]    the group of entry k (gives o_k = group_outputs[entry_groups[k]]
+                         and s_k = group_paths[entry_groups[k]]; dv and dx need them).
+    path_ptr      [P+1]  reverse order for dact: the groups with path s are
+    path_groups   [G]      path_groups[path_ptr[s] : path_ptr[s+1]], increasing g.
+
+The shape is implied: O = len(output_ptr) - 1, I = len(input_ptr) - 1,
+P = len(path_ptr) - 1, K = len(inputs), G = len(group_outputs). With the reverse orders
+every gradient is a deterministic gather (a fixed summation order, no atomics):
+    dx[b, i]   = sum over k in input i's entries of v[k] · dy[b, o_k] · act[b, s_k]
+    dact[b, s] = sum over g in path s's groups of dy[b, o_g] · Zg[b, g]
+    dv[k]      = sum_b dy[b, o_k] · act[b, s_k] · x[b, i_k]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+INDEX_DTYPE = torch.int32
+_LIMIT = 2**31 - 1
+
+
+class KeptIndex(NamedTuple):
+    """The index tensors of one kept-path weight; see the module docstring for each field."""
+
+    inputs: torch.Tensor
+    group_ptr: torch.Tensor
+    group_outputs: torch.Tensor
+    group_paths: torch.Tensor
+    output_ptr: torch.Tensor
+    input_ptr: torch.Tensor
+    input_entries: torch.Tensor
+    entry_groups: torch.Tensor
+    path_ptr: torch.Tensor
+    path_groups: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(O, I, P), from the lengths of the ptr arrays."""
+        return (self.output_ptr.numel() - 1, self.input_ptr.numel() - 1,
+                self.path_ptr.numel() - 1)
+
+    @property
+    def nnz(self) -> int:
+        """K, the kept entries."""
+        return self.inputs.numel()
+
+    @property
+    def groups(self) -> int:
+        """G, the (o, s) groups."""
+        return self.group_outputs.numel()
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(o [K], i [K], s [K]) as int64, in the layout's (o, s, i) order."""
+        groups = self.entry_groups.long()
+        return (self.group_outputs.long()[groups], self.inputs.long(),
+                self.group_paths.long()[groups])
+
+
+def _ptr(counts: torch.Tensor) -> torch.Tensor:
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+def _check_sizes(shape: tuple[int, int, int], nnz: int) -> None:
+    if any(d > _LIMIT for d in shape) or nnz > _LIMIT:
+        raise ValueError(f"the kept-path layout indexes with int32: O, I, P and K must be below "
+                         f"2^31, got shape {list(shape)} and K = {nnz}")
+
+
+def build_from_sorted(outputs: torch.Tensor, inputs: torch.Tensor, paths: torch.Tensor,
+                      shape: tuple[int, int, int]) -> KeptIndex:
+    """The KeptIndex of entries already sorted by (o, s, i) and unique (int64 [K] each).
+
+    Callers validate; `index_from_entries` and `build_index` are the checked entry points.
+    """
+    out_count, in_count, path_count = shape
+    _check_sizes(shape, inputs.numel())
+    device = inputs.device
+    keys = outputs * path_count + paths
+    group_keys, counts = torch.unique_consecutive(keys, return_counts=True)
+    n_groups = group_keys.numel()
+    group_outputs = group_keys // path_count if path_count else group_keys
+    group_paths = group_keys - group_outputs * path_count
+    entry_groups = torch.repeat_interleave(torch.arange(n_groups, device=device), counts)
+    input_entries = torch.sort(inputs, stable=True).indices
+    path_groups = torch.sort(group_paths, stable=True).indices
+
+    def i32(t: torch.Tensor) -> torch.Tensor:
+        return t.to(INDEX_DTYPE).contiguous()
+
+    return KeptIndex(
+        inputs=i32(inputs),
+        group_ptr=i32(_ptr(counts)),
+        group_outputs=i32(group_outputs),
+        group_paths=i32(group_paths),
+        output_ptr=i32(_ptr(torch.bincount(group_outputs, minlength=out_count))),
+        input_ptr=i32(_ptr(torch.bincount(inputs, minlength=in_count))),
+        input_entries=i32(input_entries),
+        entry_groups=i32(entry_groups),
+        path_ptr=i32(_ptr(torch.bincount(group_paths, minlength=path_count))),
+        path_groups=i32(path_groups),
+    )
+
+
+def build_index(mask: torch.Tensor) -> KeptIndex:
+    """The KeptIndex of the True entries of `mask` (bool [O, I, P])."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 3:
+        got = (f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor)
+               else type(mask).__name__)
+        raise ValueError(f"build_index: mask must be a bool tensor [O, I, P], got {got}")
+    # nonzero of the (o, s, i) view lists the entries already in layout order
+    o, s, i = mask.permute(0, 2, 1).nonzero().unbind(1)
+    return build_from_sorted(o, i, s, tuple(mask.shape))
+
+
+def index_from_entries(outputs: torch.Tensor, inputs: torch.Tensor, paths: torch.Tensor,
+                       shape: tuple[int, int, int]) -> tuple[KeptIndex, torch.Tensor]:
+    """(KeptIndex, order) for entries given in any order: `order` [K] (int64) is the
+    permutation that puts them in layout order (values[order] are the layout's values).
+
+    Raises ValueError naming the argument for an index outside `shape` or a repeated
+    (o, i, s) entry.
+    """
+    if len(shape) != 3 or any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ValueError(f"shape must be (O, I, P) of non-negative ints, got {shape!r}")
+    entries = {"outputs": outputs, "inputs": inputs, "paths": paths}
+    for (name, t), size in zip(entries.items(), shape, strict=True):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_floating_point() \
+                or t.is_complex() or t.dtype == torch.bool:
+            got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a 1-d integer tensor [K], got {got}")
+        if t.numel() != outputs.numel():
+            raise ValueError(f"{name} has {t.numel()} entries, outputs has {outputs.numel()}: "
+                             f"outputs, inputs and paths must have the same length K")
+        if t.device != outputs.device:
+            raise ValueError(f"{name} must be on the same device as outputs ({outputs.device}), "
+                             f"got {t.device}")
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+            raise ValueError(f"{name} index out of range: entries must lie in [0, {size}) for "
+                             f"shape {list(shape)}, got min {int(t.min())}, max {int(t.max())}")
+    _, in_count, path_count = shape
+    o, i, s = (t.long() for t in (outputs, inputs, paths))
+    _check_sizes(shape, o.numel())
+    order = torch.sort((o * path_count + s) * in_count + i, stable=True).indices
+    o, i, s = o[order], i[order], s[order]
+    repeated = (o[1:] == o[:-1]) & (s[1:] == s[:-1]) & (i[1:] == i[:-1])
+    if bool(repeated.any()):
+        k = int(repeated.nonzero()[0, 0])
+        raise ValueError(f"duplicate entries: (o, i, s) = ({int(o[k])}, {int(i[k])}, {int(s[k])}) "
+                         f"appears more than once")
+    return build_from_sorted(o, i, s, shape), order

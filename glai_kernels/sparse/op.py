@@ -1,0 +1,211 @@
+"""The sparse op: `glai::sparse_estimator`, its backward op, fakes and autograd.
+
+As glai_kernels/op.py for the dense op: every sparse backend runs behind these two custom
+ops, which take the values, the ten KeptIndex tensors (as a list, in KeptIndex order) and
+the backend's name; the public `estimator` resolves "auto" and $GLAI_BACKEND first, so a
+forward and its backward run on one backend. The forward returns `saved`, the group sums
+Zg [B, G] (layout.py), when `save` is true and the backend has a forward_saving; else an
+empty tensor. `save` has no default on purpose: the dispatcher drops an argument equal to
+its default, and the autograd wrapper for an op with a list input then expects one fewer
+gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from glai_kernels.contract import accumulation_dtype
+from glai_kernels.registry import AUTO, ENV_VAR, Backend
+from glai_kernels.sparse.contract import as_index, check_inputs
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+from glai_kernels.sparse.weight import SparsePathWeight
+
+
+def _is_empty(shape: SparseShape) -> bool:
+    return 0 in (shape.batch, shape.inputs, shape.paths, shape.outputs, shape.nnz)
+
+
+def _checked(impl: Backend, what: str, result: torch.Tensor | None,
+             shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A backend's result, contiguous, once its shape and dtype are what the contract says."""
+    if result is None or tuple(result.shape) != shape or result.dtype != dtype:
+        got = "nothing" if result is None else f"{result.dtype} {list(result.shape)}"
+        raise RuntimeError(f"sparse backend {impl.name!r} returned {got} for {what}, "
+                           f"expected {dtype} {list(shape)}")
+    return result.contiguous()
+
+
+def _saves(impl: Backend, shape: SparseShape, save: bool) -> bool:
+    return save and impl.forward_saving is not None and not _is_empty(shape)
+
+
+@torch.library.custom_op("glai::sparse_estimator", mutates_args=())
+def sparse_estimator_op(
+    x: torch.Tensor,
+    act: torch.Tensor,
+    values: torch.Tensor,
+    index: list[torch.Tensor],
+    bias: torch.Tensor | None,
+    backend: str,
+    save: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [B, O], saved) on the named sparse backend."""
+    shape = check_inputs(x, act, values, index, bias, weight_name="values")
+    impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
+    saved = x.new_empty(0)
+    if _is_empty(shape):
+        y = x.new_zeros(shape.batch, shape.outputs)  # an empty sum is zero
+    else:
+        args = (x.contiguous(), act.contiguous(), values.contiguous(),
+                as_index([t.contiguous() for t in index]))
+        if _saves(impl, shape, save):
+            y, saved = impl.forward_saving(*args)
+            saved = _checked(impl, "saved Zg", saved, impl.saved_shape(shape),
+                             accumulation_dtype(x.dtype))
+        else:
+            y = impl.forward(*args)
+        y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y, saved
+
+
+@sparse_estimator_op.register_fake
+def _sparse_fake(x, act, values, index, bias, backend, save):
+    shape = check_inputs(x, act, values, index, bias, weight_name="values")
+    saved = x.new_empty(0)
+    if backend != AUTO:
+        impl = SPARSE_ESTIMATOR.get(backend)
+        if _saves(impl, shape, save):
+            saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
+    return x.new_empty(shape.batch, shape.outputs), saved
+
+
+@torch.library.custom_op("glai::sparse_estimator_backward", mutates_args=())
+def sparse_estimator_backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    values: torch.Tensor,
+    index: list[torch.Tensor],
+    saved: torch.Tensor,
+    needs: list[bool],
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx [B, I], dact [B, P], dvalues [K]) for dy [B, O]; a gradient not in `needs` comes
+    back as an empty tensor of shape [0] (custom ops cannot return None)."""
+    shape = check_inputs(x, act, values, index, weight_name="values")
+    need_x, need_act, need_values = (bool(n) for n in needs)
+    wanted = (need_x, need_act, need_values)
+    impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
+    if _is_empty(shape):
+        grads = tuple(torch.zeros_like(t) if need else None
+                      for t, need in zip((x, act, values), wanted, strict=True))
+    else:
+        args = (dy.contiguous(), x.contiguous(), act.contiguous(), values.contiguous(),
+                as_index([t.contiguous() for t in index]), wanted)
+        computed = impl.backward(*args, saved=saved) if saved.numel() else impl.backward(*args)
+        grads = tuple(
+            _checked(impl, f"d{name}", g, tuple(t.shape), x.dtype) if need else None
+            for name, g, t, need in zip(("x", "act", "values"), computed, (x, act, values),
+                                        wanted, strict=True))
+    # a fresh empty tensor per missing gradient: outputs of a custom op may not alias
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)  # type: ignore[return-value]
+
+
+@sparse_estimator_backward_op.register_fake
+def _sparse_backward_fake(dy, x, act, values, index, saved, needs, backend):
+    check_inputs(x, act, values, index, weight_name="values")
+    return tuple(t.new_empty(t.shape) if need else t.new_empty(0)
+                 for t, need in zip((x, act, values), needs, strict=True))
+
+
+def _setup_context(ctx, inputs, output):
+    x, act, values, index, _bias, backend, *_ = inputs
+    saved = output[1]
+    ctx.mark_non_differentiable(saved)
+    ctx.save_for_backward(x, act, values, saved, *index)
+    ctx.backend = backend
+
+
+def _backward(ctx, dy, _dsaved):
+    x, act, values, saved, *index = ctx.saved_tensors
+    no_index_grads = [None] * len(index)  # a list input takes a list of (no) gradients
+    need_x, need_act, need_values, _, need_bias = ctx.needs_input_grad[:5]
+    dx = dact = dvalues = dbias = None
+    if need_x or need_act or need_values:
+        gx, gact, gvalues = sparse_estimator_backward_op(
+            dy, x, act, values, index, saved, [need_x, need_act, need_values], ctx.backend)
+        dx = gx if need_x else None
+        dact = gact if need_act else None
+        dvalues = gvalues if need_values else None
+    if need_bias:
+        dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+    return dx, dact, dvalues, no_index_grads, dbias, None, None
+
+
+sparse_estimator_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def estimator(
+    x: torch.Tensor,
+    act: torch.Tensor,
+    sw: SparsePathWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The estimator on a kept-path weight: y[b, o] = sum_k v[k] x[b, i_k] act[b, s_k] + bias[o].
+
+    Args:
+        x: [B, I] inputs.
+        act: [B, P] path activations (0/1 gates or soft gates).
+        sw: the kept-path weight (`from_dense(weight, mask)`), shape (O, I, P), values [K].
+        bias: optional [O].
+        backend: a registered sparse backend name or "auto"; None means $GLAI_BACKEND
+            (which must then name a sparse backend), else "auto".
+
+    Returns:
+        y: [B, O], the inputs' dtype; differentiable in x, act, sw.values and bias.
+    """
+    if not isinstance(sw, SparsePathWeight):
+        raise TypeError(f"sparse estimator: sw must be a SparsePathWeight (glai_kernels.sparse."
+                        f"from_dense(weight, mask)), got {type(sw).__name__}")
+    index = sw.index
+    check_inputs(x, act, sw.values, index, bias)
+    impl = resolve(backend, x.device, x.dtype)
+    save = torch.is_grad_enabled() and act.requires_grad
+    y, _ = sparse_estimator_op(x, act, sw.values, list(index), bias, impl.name, save)
+    return y
+
+
+def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
+    """The sparse backend that runs for these tensors: `backend`, else $GLAI_BACKEND, else
+    auto. A $GLAI_BACKEND naming a backend only the dense op has is an error that says so."""
+    if backend is None:
+        chosen = os.environ.get(ENV_VAR, "")
+        if chosen and chosen != AUTO and chosen not in SPARSE_ESTIMATOR.names():
+            known = ", ".join([AUTO, *sorted(SPARSE_ESTIMATOR.names())])
+            raise ValueError(f"${ENV_VAR}={chosen!r} names no sparse estimator backend; "
+                             f"sparse backends: {known} (pass backend= to override)")
+    if SPARSE_ESTIMATOR.requested_name(backend) == AUTO:
+        return _pick_auto(device.type, dtype)
+    return SPARSE_ESTIMATOR.resolve(backend, device, dtype)
+
+
+def _pick_auto(device_type: str, dtype: torch.dtype) -> Backend:
+    """Registry.pick_auto as a plain loop: torch.compile cannot trace its max(key=...), and a
+    module's forward resolves "auto" inside the compiled region."""
+    best = None
+    for candidate in SPARSE_ESTIMATOR.backends():
+        rank = candidate.auto_priority.get(device_type)
+        if rank is None or candidate.unsupported_reason(device_type, dtype) is not None:
+            continue
+        if best is None or rank > best.auto_priority[device_type]:
+            best = candidate
+    if best is None:
+        raise RuntimeError(f"no sparse_estimator backend is available for {device_type} {dtype}; "
+                           f"see glai_kernels.sparse.backends()")
+    return best

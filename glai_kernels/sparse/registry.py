@@ -1,0 +1,51 @@
+"""The sparse op's backends: `SPARSE_ESTIMATOR`, a `glai_kernels.registry.Registry` whose
+`Backend` entries take these signatures (selection as for the dense op: `backend=`, else
+$GLAI_BACKEND, else "auto").
+
+    forward(x, act, values, index) -> y
+        x [B, I], act [B, P], values [K] (one supported dtype, contiguous, one device),
+        index: KeptIndex (layout.py; int32, contiguous, same device). B, I, P, O, K >= 1.
+        Returns y [B, O] in the inputs' dtype, without bias. Must not modify its inputs.
+
+    forward_saving(x, act, values, index) -> (y, zg)      [optional]
+        As forward, also returning the group partial sums Zg (layout.py) in
+        accumulation_dtype(x.dtype) (float32 for float16/bfloat16, else x's dtype), laid out
+        as the backend likes ([B, G], or [G, B] for a kernel with B on the lanes); the
+        Backend's `saved_shape(SparseShape)` states which, for fake tensors. The op asks for
+        it only when act needs a gradient, and hands it back to this backend's backward.
+
+    backward(dy, x, act, values, index, needs, saved=None) -> (dx, dact, dvalues)
+        dy [B, O]; needs = (need_x, need_act, need_values). Returns dx [B, I], dact [B, P],
+        dvalues [K] in the inputs' dtype, None for a gradient not needed (and not computed).
+        `saved` is forward_saving's Zg when the forward ran that way, else absent.
+
+Backend's other fields mean what they do for the dense op (glai_kernels/registry.py); the
+first registered is `torch`, the baseline that sparse benchmarks time the others against.
+Empty calls (B, I, P, O or K zero) never reach a backend: the op answers them with zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glai_kernels.registry import Registry
+
+
+@dataclass(frozen=True)
+class SparseShape:
+    """The sizes of one sparse call: B, I, P, O and the layout's K and G."""
+
+    batch: int
+    inputs: int
+    paths: int
+    outputs: int
+    nnz: int
+    groups: int
+
+    def forward_flops(self) -> int:
+        """2·B·K for the group sums plus 2·B·G to scale and add them (docs/ARCHITECTURE.md)."""
+        return 2 * self.batch * (self.nnz + self.groups)
+
+
+SPARSE_ESTIMATOR = Registry("sparse_estimator")
+"""The sparse kept-path estimator's backends (glai_kernels/sparse/backends/)."""

@@ -1,0 +1,169 @@
+"""`SparsePathWeight`: the kept path weights of an [O, I, P] estimator weight, as values [K]
+(the one trainable Parameter) plus the layout's index tensors (buffers; see layout.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from glai_kernels.contract import SUPPORTED_DTYPES
+from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, build_index, index_from_entries
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dtype} tensor of shape {list(t.shape)} on {t.device}"
+    return type(t).__name__
+
+
+class SparsePathWeight(nn.Module):
+    """A kept-path estimator weight: `values` [K] (an nn.Parameter) and the KeptIndex buffers.
+
+    `shape == (O, I, P)`, `nnz == K`; `to_dense()` gives the [O, I, P] weight with zeros at
+    the paths that do not exist. `.to(device)` / `.to(dtype)` move the values (and the
+    indices, which stay int32); `state_dict()` holds both, and loading a state dict of
+    another K resizes this module to it.
+
+    Build one with `from_dense(weight, mask)` or `from_entries(outputs, inputs, paths,
+    values, shape)`.
+    """
+
+    values: nn.Parameter
+
+    def __init__(self, values: torch.Tensor, index: KeptIndex,
+                 requires_grad: bool = True) -> None:
+        super().__init__()
+        if not isinstance(values, torch.Tensor) or values.dim() != 1:
+            raise ValueError(f"values must be a 1-d tensor [K], got {_describe(values)}")
+        if values.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"values must have a floating dtype, got {values.dtype}")
+        if values.numel() != index.nnz:
+            raise ValueError(f"values has {values.numel()} entries but the index has "
+                             f"K = {index.nnz}: values and indices must have the same length")
+        for name, t in index._asdict().items():
+            if t.dtype != INDEX_DTYPE or t.device != values.device:
+                raise ValueError(f"index tensor {name} must be int32 on {values.device}, got "
+                                 f"{_describe(t)}")
+        self.values = nn.Parameter(values.detach().clone().contiguous(),
+                                   requires_grad=requires_grad)
+        for name, t in index._asdict().items():
+            self.register_buffer(name, t)
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor, mask: torch.Tensor) -> SparsePathWeight:
+        """The entries of `weight` [O, I, P] where `mask` (bool [O, I, P]) is True."""
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+            raise ValueError(f"from_dense: weight must be a 3-d tensor [O, I, P], got "
+                             f"{_describe(weight)}")
+        if weight.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"from_dense: weight must have a floating dtype, got {weight.dtype}")
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"from_dense: mask must be a bool tensor, got {_describe(mask)}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"from_dense: mask must have dtype torch.bool, got {mask.dtype}")
+        if mask.shape != weight.shape:
+            raise ValueError(f"from_dense: mask must have weight's shape {list(weight.shape)}, "
+                             f"got {list(mask.shape)}")
+        if mask.device != weight.device:
+            raise ValueError(f"from_dense: mask must be on weight's device ({weight.device}), "
+                             f"got {mask.device}")
+        index = build_index(mask)
+        o, i, s = index.entries()
+        return cls(weight.detach()[o, i, s], index)
+
+    @classmethod
+    def from_entries(cls, outputs: torch.Tensor, inputs: torch.Tensor, paths: torch.Tensor,
+                     values: torch.Tensor, shape: tuple[int, int, int]) -> SparsePathWeight:
+        """Entry k is weight[outputs[k], inputs[k], paths[k]] = values[k], in any order;
+        `shape` is (O, I, P). Indices out of range, duplicate entries and lengths that
+        differ raise ValueError naming the argument."""
+        if not isinstance(values, torch.Tensor) or values.dim() != 1:
+            raise ValueError(f"values must be a 1-d tensor [K], got {_describe(values)}")
+        if isinstance(outputs, torch.Tensor) and values.numel() != outputs.numel():
+            raise ValueError(f"values has {values.numel()} entries, the indices have "
+                             f"{outputs.numel()}: values and indices must have the same length")
+        if isinstance(outputs, torch.Tensor) and values.device != outputs.device:
+            raise ValueError(f"values must be on the indices' device ({outputs.device}), "
+                             f"got {values.device}")
+        index, order = index_from_entries(outputs, inputs, paths, tuple(shape))
+        return cls(values.detach()[order], index)
+
+    @classmethod
+    def empty(cls, shape: tuple[int, int, int], dtype: torch.dtype = torch.float32,
+              device: torch.device | str | None = None) -> SparsePathWeight:
+        """No kept entry (K = 0); `load_state_dict` then resizes it to what it loads."""
+        return cls.from_dense(torch.zeros(shape, dtype=dtype, device=device),
+                              torch.zeros(shape, dtype=torch.bool, device=device))
+
+    @property
+    def index(self) -> KeptIndex:
+        return KeptIndex(*(getattr(self, name) for name in KeptIndex._fields))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(O, I, P)."""
+        return self.index.shape
+
+    @property
+    def nnz(self) -> int:
+        """K, the kept path weights."""
+        return self.values.numel()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(o, i, s), each int64 [K], in the layout's order (that of `values`)."""
+        return self.index.entries()
+
+    def mask(self) -> torch.Tensor:
+        """bool [O, I, P]: True where a path weight is kept."""
+        out = torch.zeros(self.shape, dtype=torch.bool, device=self.device)
+        out[self.entries()] = True
+        return out
+
+    def to_dense(self) -> torch.Tensor:
+        """The [O, I, P] weight (zeros where no path is kept), differentiable in `values`."""
+        flat = self.values.new_zeros(self.shape).view(-1)
+        o, i, s = self.entries()
+        _, in_count, path_count = self.shape
+        flat_index = (o * in_count + i) * path_count + s
+        return flat.index_put((flat_index,), self.values).view(self.shape)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args,
+                              **kwargs) -> None:
+        # A state dict of another K (or shape) replaces the tensors' sizes before loading.
+        for name in ("values", *KeptIndex._fields):
+            incoming = state_dict.get(prefix + name)
+            current = getattr(self, name)
+            if isinstance(incoming, torch.Tensor) and incoming.shape != current.shape:
+                fresh = current.new_empty(incoming.shape)
+                if name == "values":
+                    self.values = nn.Parameter(fresh, requires_grad=current.requires_grad)
+                else:
+                    setattr(self, name, fresh)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        out_count, in_count, path_count = self.shape
+        total = out_count * in_count * path_count
+        return (f"shape=({out_count}, {in_count}, {path_count}), nnz={self.nnz} "
+                f"({100 * self.nnz / max(total, 1):.3g}%), dtype={self.dtype}")
+
+
+def from_dense(weight: torch.Tensor, mask: torch.Tensor) -> SparsePathWeight:
+    """`SparsePathWeight.from_dense`: the entries of weight [O, I, P] where mask is True."""
+    return SparsePathWeight.from_dense(weight, mask)
+
+
+def from_entries(outputs: torch.Tensor, inputs: torch.Tensor, paths: torch.Tensor,
+                 values: torch.Tensor, shape: tuple[int, int, int]) -> SparsePathWeight:
+    """`SparsePathWeight.from_entries`: weight[outputs[k], inputs[k], paths[k]] = values[k]."""
+    return SparsePathWeight.from_entries(outputs, inputs, paths, values, shape)
