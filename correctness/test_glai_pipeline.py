@@ -291,3 +291,15 @@ def test_compare_tool_checks_two_runs(tiny_run, tmp_path, capsys):
     table = compare(results, other)
     assert not table.agrees.all() and table["same epochs"].all()
     assert main([str(results), str(other)]) == 1
+
+
+def test_unstructured_glai_trains_on_the_sparse_layout():
+    head = TINY[0]
+    protocol = dataclasses.replace(TINY_PRESET.protocol, switches=("fixed",), layout="sparse",
+                                   timing_repeats=1)
+    records = {r["model"]: r for r in run_head(head, synthetic(head, TINY_PRESET.sizes["A"]),
+                                               0, protocol)}
+    glai, structured = records["GLAI"], records["GLAI structured"]
+    assert glai["layout"] == "sparse" and structured["layout"] == "dense"
+    assert glai["params"] == glai["params_original"]  # the K kept values are the parameters
+    assert glai["backend"] and glai["epoch_cost"] > 0

@@ -65,7 +65,7 @@ class Protocol:
     patience_cap: int | None = None  # quick runs only: shorter patience than the paper's
     reference_size: int = 2048  # Ω for path norms and m_t: the first rows of the train split
     switches: tuple[str, ...] = ("fixed", "auto")  # paper's fractions; m_t settled
-    layout: str = "dense"  # unstructured GLAI's weights: prune's layout ("auto"/"sparse"/"dense")
+    layout: str = "auto"  # unstructured GLAI's weights: prune's layout ("auto"/"sparse"/"dense")
     episodes_per_epoch: int = 50
     val_episodes: int = 50
     structured: bool = True
@@ -154,9 +154,7 @@ def _conversion(model: str) -> str:
 def _prune(full, reference, keep: int, structured: bool, layout: str):
     if structured:  # whole columns: a smaller dense P, no sparse layout
         return prune(full, reference, keep=keep, structured=True)
-    # until prune takes a layout (the sparse branch), the dense layout is prune's only one
-    options = {} if layout == "dense" else {"layout": layout}
-    return prune(full, reference, keep=keep, **options)
+    return prune(full, reference, keep=keep, layout=layout)
 
 
 @dataclass
@@ -242,7 +240,7 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
                 reduced_capped=auto and phase1.capped, params=total,
                 params_original=budget.original, params_budget_capped=budget.capped,
                 kept=pruned.kept, candidates=pruned.candidates, mu=pruned.mu,
-                paths=model.paths, layout=getattr(model, "layout", "dense"),
+                paths=model.paths, layout=model.layout,
                 initial_score=initial, backend=model.backend_used, switch=switch,
                 m_history=list(monitor.history))
             record["capped"] = result.capped or record["reduced_capped"]
