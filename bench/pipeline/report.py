@@ -432,7 +432,7 @@ def _readme(frame, t3, wt, meta, has_m) -> str:
             f"{f'{paper} ×' if paper else '–'} | {base.epochs.mean():.1f} / "
             f"{sub.reduced_epochs.mean():.1f} + {sub.estimator_epochs.mean():.1f} | "
             f"{sub.cost_ratio.mean():.2f} | {100 * sub.convert_share.mean():.2g} % | "
-            f"{_capped(base)} / {_capped(sub)} |")
+            f"MLP {_capped(base)}, GLAI {_capped(sub)} |")
     for data, sub in glai.groupby("data", sort=False):
         per_head = sub.groupby("head")[["speedup", "wall_speedup", "cpu_speedup"]].mean()
         other = auto[auto.data == data].groupby("head").speedup.mean()
