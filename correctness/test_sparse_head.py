@@ -4,6 +4,7 @@ saves and loads, and `prune` chooses the layout by the crossover or as the user 
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -14,6 +15,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from glai_kernels import registry
 from glai_kernels.glai import count_parameters, from_mlp, path_scores, prune
 from glai_kernels.glai.prune import SPARSE_CROSSOVER, kept_scores, to_layout
+
+
+@pytest.fixture(autouse=True)
+def _no_backend_request(monkeypatch):
+    """These tests are about the layout: a $GLAI_BACKEND run restricting the backends (which
+    may name a dense-only one, so layout="sparse" refuses it) must not change them."""
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
 
 
 def pair(widths=(9, 13, 4), mu=0.1, seed=0, dtype=torch.float64):
@@ -60,7 +68,8 @@ def test_same_function_and_same_training():
                                    rtol=1e-10, atol=1e-12)
         assert bool((d.weight.detach()[~d.weight_mask] == 0).all())
         torch.testing.assert_close(s.bias, d.bias, rtol=1e-10, atol=1e-12)
-    assert s.backend_used == "torch"
+    assert s.backend_used == "sparse:torch"
+    assert d.backend_used == registry.pick_auto("cpu", torch.float64).name
 
 
 def test_state_dict_round_trip_and_to():
@@ -166,3 +175,14 @@ def test_compile_a_sparse_training_step():
                               list(head.parameters()))
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_copy_and_pickle_a_sparse_head():
+    omega, _, sparse = pair()
+    head = sparse.head
+    buffer = io.BytesIO()
+    torch.save(head, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(head), torch.load(buffer, weights_only=False)):
+        assert other.layout == "sparse"
+        torch.testing.assert_close(other(omega), head(omega), rtol=0, atol=0)

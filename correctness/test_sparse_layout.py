@@ -7,6 +7,8 @@ import io
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glai_kernels.sparse import KeptIndex, SparsePathWeight, build_index, from_dense, from_entries
 from glai_kernels.sparse.reference import backward64, forward64
@@ -153,3 +155,17 @@ ERRORS = {
 def test_bad_construction_is_named(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.tuples(*[st.integers(1, 6)] * 3), st.floats(0.0, 1.0), st.integers(0, 2**16))
+def test_layout_of_any_mask(shape, mu, seed):
+    """Every documented invariant and the round trip, for random shapes and kept fractions."""
+    weight, mask = masked(shape, mu, seed=seed)
+    sw = from_dense(weight, mask)
+    check_layout(sw.index, mask)
+    assert torch.equal(sw.to_dense(), weight * mask)
+    o, i, s = sw.entries()
+    perm = torch.randperm(sw.nnz, generator=torch.Generator().manual_seed(seed))
+    again = from_entries(o[perm], i[perm], s[perm], sw.values.detach()[perm], shape)
+    assert torch.equal(again.to_dense(), sw.to_dense())

@@ -7,9 +7,12 @@
 the fastest available one for the tensors' device. `glai_kernels.backends()` lists them.
 
     head = glai_kernels.from_mlp(mlp)   # a ReLU MLP as a GLAI head, exactly (glai_kernels.glai)
+    sw = glai_kernels.sparse.from_dense(weight, mask)   # only the kept path weights
+    y = glai_kernels.sparse.estimator(x, act, sw, bias)  # cost follows the K kept weights
 """
 
 from glai_kernels import backends as _backend_modules  # noqa: F401  (registers every backend)
+from glai_kernels import sparse  # the kept-path estimator (glai_kernels.sparse.estimator)
 from glai_kernels.contract import SUPPORTED_DTYPES, Shape, check_inputs
 from glai_kernels.glai import GLAIHead, from_mlp
 from glai_kernels.module import GLAIEstimator
@@ -32,5 +35,6 @@ __all__ = [
     "check_inputs",
     "estimator",
     "from_mlp",
+    "sparse",
 ]
 __version__ = "0.1.0"

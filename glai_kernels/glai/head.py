@@ -56,8 +56,9 @@ class GLAIHead(nn.Module):
     and `head.weight_mask` still read as the dense [O, I, P] weight and mask, computed on
     each access (for inspection: O·I·P elements).
 
-    `backend_used` records the estimator backend of the last forward (of the dense or the
-    sparse registry, as `layout` says). Build one with `glai_kernels.from_mlp(mlp)`; prune
+    `backend_used` records the estimator backend of the last forward; in the sparse layout
+    it is prefixed "sparse:" (e.g. "sparse:torch"), a sparse registry name, so a record
+    of it says which op ran. Build one with `glai_kernels.from_mlp(mlp)`; prune
     with `glai_kernels.glai.prune`.
     """
 
@@ -184,7 +185,7 @@ class GLAIHead(nn.Module):
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
         if self.layout == "sparse":
             chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype)
-            self.backend_used = chosen.name
+            self.backend_used = f"sparse:{chosen.name}"
             return sparse_op.estimator(x_aug, act, self.sparse_weight, self.bias,
                                        backend=chosen.name)
         if self._pruned is not None and torch.is_grad_enabled():

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from glai_kernels.contract import Pass
 from glai_kernels.registry import Registry
 
 
@@ -45,6 +46,26 @@ class SparseShape:
     def forward_flops(self) -> int:
         """2·B·K for the group sums plus 2·B·G to scale and add them (docs/ARCHITECTURE.md)."""
         return 2 * self.batch * (self.nnz + self.groups)
+
+    def flops(self, pass_: Pass = "forward") -> int:
+        """Floating-point operations; the backward (dx, dact, dvalues) is three forwards."""
+        return {"forward": 1, "backward": 3, "both": 4}[pass_] * self.forward_flops()
+
+    def min_bytes(self, itemsize: int, pass_: Pass = "forward") -> int:
+        """Fewest bytes a pass reads or writes once each: the bytes floor.
+
+        forward:  values [K], the index arrays it walks (inputs [K], group_ptr [G+1],
+                  group_paths [G], output_ptr [O+1], int32), x, act, and y written.
+        backward: dy, x, act, values and all ten index arrays read; dx, dact, dvalues
+                  written (the group sums Zg, when kept, add B·G·4 more, not counted).
+        """
+        b, i, p, o, k, g = (self.batch, self.inputs, self.paths, self.outputs, self.nnz,
+                            self.groups)
+        index_forward = 4 * (k + (g + 1) + g + (o + 1))
+        index_all = 4 * (3 * k + 4 * g + (g + 1) + (o + 1) + (i + 1) + (p + 1))
+        forward = itemsize * (k + b * i + b * p + b * o) + index_forward
+        backward = itemsize * (b * o + b * i + b * p + k) * 2 - itemsize * b * o + index_all
+        return {"forward": forward, "backward": backward, "both": forward + backward}[pass_]
 
 
 SPARSE_ESTIMATOR = Registry("sparse_estimator")
