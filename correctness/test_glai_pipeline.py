@@ -241,6 +241,10 @@ def test_phases_add_up_to_glai_time(tiny_run):
             assert r["cost_ratio"] == pytest.approx(r["epoch_cost"] / base["epoch_cost"])
         else:
             assert r["time"] == pytest.approx(r["epochs"] * r["epoch_cost"])
+            assert r["time_wall"] == pytest.approx(r["epochs"] * r["epoch_cost_wall"])
+            assert r["time_cpu"] == pytest.approx(r["epochs"] * r["epoch_cost_cpu"])
+        # on a CPU device the headline clock is process CPU time (glai/protocol.py)
+        assert r["clock"] == "cpu" and r["time"] == pytest.approx(r["time_cpu"])
 
 
 def test_costs_come_from_interleaved_repeats(tiny_run):

@@ -30,6 +30,8 @@ def test_interleaved_rotates_the_order_and_takes_the_median():
     assert costs["b"]["part"].cpu_seconds == 0.5
     assert costs["c"]["part"].spread == 0.0
     assert Cost.of([(1.0, 1.0), (3.0, 1.0)]).spread == pytest.approx(1.0)
+    on_cpu = Cost.of([(9.0, 1.0), (4.0, 3.0), (5.0, 2.0)]).on("cpu")
+    assert on_cpu.seconds == 2.0 and on_cpu.samples == (1.0, 3.0, 2.0) and on_cpu.low == 1.0
     with pytest.raises(ValueError, match="repeats"):
         interleaved({}, repeats=0)
 

@@ -21,12 +21,13 @@ from bench.pipeline.report import _frame
 
 
 def headline(path: pathlib.Path) -> pd.DataFrame:
-    """Per (data, head, model) of the GLAI rows: mean headline, wall and CPU speedup and the
-    epochs per seed (a tuple), from one results.json."""
+    """Per (data, head, model) of the GLAI rows: mean headline, robust wall, raw wall and raw
+    CPU speedup and the epochs per seed (a tuple), from one results.json."""
     frame = _frame(json.loads(pathlib.Path(path).read_text())["records"])
     glai = frame[frame.model.str.startswith("GLAI")]
     return glai.groupby(["data", "head", "model"], sort=False).agg(
-        speedup=("speedup", "mean"), wall=("wall_speedup", "mean"), cpu=("cpu_speedup", "mean"),
+        speedup=("speedup", "mean"), robust_wall=("robust_wall_speedup", "mean"),
+        wall=("wall_speedup", "mean"), cpu=("cpu_speedup", "mean"),
         epochs=("epochs_total", tuple))
 
 
@@ -35,7 +36,7 @@ def compare(a: pathlib.Path, b: pathlib.Path, tolerance: float = 0.15) -> pd.Dat
     (|a − b| / min(a, b)), whether the headline agrees and whether the epochs match."""
     left, right = headline(a), headline(b)
     both = left.add_suffix(" A").join(right.add_suffix(" B"), how="inner")
-    for measure in ("speedup", "wall", "cpu"):
+    for measure in ("speedup", "robust_wall", "wall", "cpu"):
         x, y = both[f"{measure} A"], both[f"{measure} B"]
         both[f"{measure} diff"] = (x - y).abs() / pd.concat([x, y], axis=1).min(axis=1)
     both["agrees"] = both["speedup diff"] <= tolerance
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if table.empty:
         print("no (data, head, GLAI row) in common")
         return 1
-    shown = table[["speedup A", "speedup B", "speedup diff", "wall diff", "cpu diff",
-                   "agrees", "same epochs"]]
+    shown = table[["speedup A", "speedup B", "speedup diff", "robust_wall diff", "wall diff",
+                   "cpu diff", "agrees", "same epochs"]]
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(shown.to_string())
     ok = bool(table.agrees.all())

@@ -23,10 +23,12 @@ linear baseline) and trains with InfoNCE; family C trains on episodes. The per-h
 glai_kernels/glai/paper_training.py's.
 
 Times per record: `seconds` / `cpu_seconds` are the raw wall clock and process CPU time of
-the training run; `time` is the time to convergence from robust costs (glai_kernels/glai/
-timing.py): epochs × the median cost per epoch of that model, measured after training by
-probes of every model interleaved `Protocol.timing_repeats` times, plus GLAI's conversion
-(median of the run's and the repeats'). For GLAI `time` = t_reduced + t_convert +
+the training run; `time_wall` / `time_cpu` are the time to convergence from robust costs
+(glai_kernels/glai/timing.py): epochs × the median cost per epoch of that model on that
+clock, measured after training by probes of every model interleaved
+`Protocol.timing_repeats` times, plus GLAI's conversion (median of the run's and the
+repeats'); `time` is the one on the headline clock (`headline_clock`: process CPU time on
+a CPU device, wall on an accelerator). For GLAI `time` = t_reduced + t_convert +
 t_estimator and `seconds` = wall_reduced + wall_convert + wall_estimator. `capped` says the
 run stopped on the epoch cap, not on early stopping.
 """
@@ -72,6 +74,7 @@ class Protocol:
     monitor: bool = True  # log m_t per epoch of GLAI's reduced MLP (not timed in "fixed")
     timing_repeats: int = 3  # interleaved rounds of the cost probes (glai/timing.py)
     probe_steps: int = 64  # optimizer steps per training probe (scaled to an epoch)
+    clock: str = "auto"  # headline clock: "wall", "cpu", or "auto" (cpu on a CPU device)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -79,6 +82,8 @@ class Protocol:
         if unknown or not self.switches:
             raise ValueError(f"switches must be a non-empty subset of {sorted(SWITCHES)}, "
                              f"got {self.switches!r}")
+        if self.clock not in ("auto", "wall", "cpu"):
+            raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {self.clock!r}")
 
     def early_stopping(self, head: PaperHead) -> EarlyStopping:
         settings = paper_training(head)
@@ -235,6 +240,7 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
                 cpu_seconds=phase1.cpu_seconds + cpu_convert + cpu_prune + result.cpu_seconds,
                 wall_reduced=wall_reduced, wall_convert=wall_convert,
                 wall_estimator=result.seconds, t_monitor=phase1.monitor_seconds,
+                cpu_convert=cpu_convert + cpu_prune,
                 reduced_epochs=phase1.epochs, estimator_epochs=result.epochs,
                 epochs_total=phase1.epochs + result.epochs,
                 reduced_capped=auto and phase1.capped, params=total,
@@ -284,25 +290,51 @@ def _median(values: list[float]) -> float:
     return values[middle] if len(values) % 2 else 0.5 * (values[middle - 1] + values[middle])
 
 
-def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]]) -> None:
-    """Set each record's robust `time` (and GLAI's t_reduced / t_convert / t_estimator),
-    its per-epoch cost and its spread, and GLAI's cost ratio to the MLP's epoch."""
-    mlp_epoch = costs["MLP"]["epoch"].seconds
+def _phases(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str) -> tuple:
+    """GLAI's (reduced, conversion, estimator) times to convergence on one clock."""
+    model = record["model"]
+    convert = costs[f"convert {_conversion(model)}"]["once"].on(clock_name)
+    ran = record["wall_convert" if clock_name == "wall" else "cpu_convert"]
+    reduced = record["reduced_epochs"] * costs["MLP reduced"]["train"].on(clock_name).seconds
+    if record["switch"] == "auto":  # m_t is observed before training and after each epoch
+        reduced += (record["reduced_epochs"] + 1) * costs["m_t"]["once"].on(clock_name).seconds
+    estimator = record["estimator_epochs"] * costs[model]["epoch"].on(clock_name).seconds
+    return reduced, _median([ran, *convert.samples]), estimator
+
+
+def headline_clock(protocol: Protocol) -> str:
+    """The clock of the headline time: "cpu" on a CPU device (with one thread a process's
+    CPU time per epoch is its wall time on a quiet machine, and it leaves out the waits for
+    a core that other work on a shared machine adds), "wall" on an accelerator (its work
+    is asynchronous: the CPU's clock does not see it)."""
+    if protocol.clock != "auto":
+        return protocol.clock
+    return "cpu" if torch.device(protocol.device).type == "cpu" else "wall"
+
+
+def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
+                clock_name: str = "wall") -> None:
+    """Set each record's time to convergence on both clocks (`time_wall`, `time_cpu`) and
+    on the headline clock (`time`; GLAI's t_reduced / t_convert / t_estimator add up to
+    it), its cost per epoch on the headline clock (median, range, samples), both clocks'
+    medians, and GLAI's cost ratio to the MLP's epoch and conversion share."""
+    mlp_epoch = costs["MLP"]["epoch"].on(clock_name).seconds
     for record in records:
         model = record["model"]
-        epoch = costs[model]["epoch"]
-        record.update(epoch_cost=epoch.seconds, epoch_cost_cpu=epoch.cpu_seconds,
-                      epoch_cost_low=epoch.low, epoch_cost_high=epoch.high,
-                      epoch_cost_spread=epoch.spread, cost_samples=list(epoch.samples))
+        raw = costs[model]["epoch"]
+        epoch = raw.on(clock_name)
+        record.update(clock=clock_name, epoch_cost=epoch.seconds, epoch_cost_wall=raw.seconds,
+                      epoch_cost_cpu=raw.cpu_seconds, epoch_cost_low=epoch.low,
+                      epoch_cost_high=epoch.high, epoch_cost_spread=epoch.spread,
+                      cost_samples=list(epoch.samples))
         if not model.startswith("GLAI"):
-            record["time"] = record["epochs"] * epoch.seconds
+            record.update(time=record["epochs"] * epoch.seconds,
+                          time_wall=record["epochs"] * raw.seconds,
+                          time_cpu=record["epochs"] * raw.cpu_seconds)
             continue
-        repeats = costs[f"convert {_conversion(model)}"]["once"].samples
-        convert = _median([record["wall_convert"], *repeats])
-        reduced = record["reduced_epochs"] * costs["MLP reduced"]["train"].seconds
-        if record["switch"] == "auto":  # m_t is observed before training and after each epoch
-            reduced += (record["reduced_epochs"] + 1) * costs["m_t"]["once"].seconds
-        estimator = record["estimator_epochs"] * epoch.seconds
+        for name in ("wall", "cpu"):
+            record[f"time_{name}"] = sum(_phases(record, costs, name))
+        reduced, convert, estimator = _phases(record, costs, clock_name)
         record.update(t_reduced=reduced, t_convert=convert, t_estimator=estimator,
                       time=reduced + convert + estimator, cost_ratio=epoch.seconds / mlp_epoch,
                       convert_share=convert / (reduced + convert + estimator))
@@ -331,6 +363,6 @@ def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protoc
     costs = measure_costs(head, task, protocol, seed,
                           {"MLP": original, "MLP reduced": reduced, "Linear": linear}, glai,
                           device)
-    apply_costs(records, costs)
+    apply_costs(records, costs, headline_clock(protocol))
     order = {name: k for k, name in enumerate(MODELS)}
     return sorted(records, key=lambda r: order[r["model"]])

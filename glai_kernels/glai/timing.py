@@ -37,13 +37,23 @@ Probe = Callable[[], dict[str, tuple[float, float]]]
 @dataclass(frozen=True)
 class Cost:
     """One part of one probe over the repeats: median wall (`seconds`), median CPU time
-    (`cpu_seconds`), the range (`low`, `high`) and every wall sample in run order."""
+    (`cpu_seconds`), the range of the wall samples (`low`, `high`) and every wall and CPU
+    sample in run order."""
 
     seconds: float
     cpu_seconds: float
     low: float
     high: float
     samples: tuple[float, ...]
+    cpu_samples: tuple[float, ...] = ()
+
+    def on(self, clock_name: str) -> Cost:
+        """This cost on one clock: "wall" (itself) or "cpu" (the CPU samples as its wall)."""
+        if clock_name == "wall":
+            return self
+        if clock_name != "cpu":
+            raise ValueError(f"clock must be 'wall' or 'cpu', got {clock_name!r}")
+        return Cost.of([(c, c) for c in self.cpu_samples])
 
     @property
     def spread(self) -> float:
@@ -52,9 +62,9 @@ class Cost:
 
     @classmethod
     def of(cls, samples: list[tuple[float, float]]) -> Cost:
-        walls = [w for w, _ in samples]
-        return cls(statistics.median(walls), statistics.median(c for _, c in samples),
-                   min(walls), max(walls), tuple(walls))
+        walls, cpus = [w for w, _ in samples], [c for _, c in samples]
+        return cls(statistics.median(walls), statistics.median(cpus), min(walls), max(walls),
+                   tuple(walls), tuple(cpus))
 
 
 def clock(device: torch.device, fn: Callable[[], object]) -> tuple[float, float]:
