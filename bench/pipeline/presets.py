@@ -50,7 +50,7 @@ PRESETS = {
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=60, max_epochs_c=200, reference_size=1024,
-                 episodes_per_epoch=50, val_episodes=50, timing_repeats=5, probe_steps=64),
+                 episodes_per_epoch=50, val_episodes=50, timing_repeats=7, probe_steps=32),
         {"A": {"train": 4096, "val": 1024, "test": 256},
          "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}}),
     "full": Preset(

@@ -160,7 +160,7 @@ def pruning_table(frame: pd.DataFrame) -> pd.DataFrame:
             "μ": f"{100 * sub.mu.mean():.3g} %", "dense P": int(sub.paths.mean()),
             "score after pruning": _pm(sub.initial_score, "{:.4g}"),
             "BVS": _pm(sub.bvs, "{:.4g}"),
-            "estimator s/epoch (median)": _pm(sub.epoch_cost, "{:.3g}"),
+            "estimator s/epoch (min)": _pm(sub.epoch_cost, "{:.3g}"),
             "conversion s": _pm(sub.t_convert, "{:.3g}"),
             "speedup vs MLP": _pm(sub.speedup) + " ×",
         })
@@ -223,7 +223,7 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
             labels.append({"GLAI auto": "m_t switch", "GLAI structured": "structured"}[model])
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("Figure 5 analogue: GLAI's time to convergence by phase over the original "
-                 "MLP's (epochs × median cost per epoch; mean over seeds)\nbars: fixed "
+                 "MLP's (epochs × least-disturbed cost per epoch; mean over seeds)\nbars: fixed "
                  "switch, m_t switch (dotted), structured (hatched); below the dashed line = "
                  "faster than the MLP; red totals are cut off by the axis", fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
@@ -306,8 +306,8 @@ _WILCOXON_NOTE = (
     "Paired one-sided Wilcoxon signed-rank tests (scipy.stats.wilcoxon, "
     "alternative='greater'), as in the paper's Tables 4-5. A pair is one (head, seed) of one "
     "data set, both models trained in the same run. D_time = log(T_baseline / T_model) on "
-    "the headline time (epochs × median cost per epoch + conversion; 'wall time p' repeats "
-    "the test on the raw wall clock); "
+    "the headline time (epochs × least-disturbed cost per epoch + conversion; 'wall time p' "
+    "repeats the test on the raw wall clock); "
     "D_score = (S_model − S_baseline) / |S_baseline| for accuracies, sign flipped for losses; "
     "D > 0 favours the model. H1: the differences are shifted above 0 (faster / better). "
     "Zero differences are dropped (scipy's default); 'nan' when fewer than two are non-zero.")
@@ -330,11 +330,13 @@ _AUTO = ("until the path distance m_t stays at or below a tenth of its peak for 
 _HEADLINE_NOTE = (
     "**Which time is the headline.** Training is deterministic per seed: the epochs each "
     "model needs are the same in every run; only the clocks move with the machine's load. "
-    "The headline speedup is therefore T_MLP / T_GLAI with T = epochs × the model's median "
-    "cost per epoch (+ GLAI's conversion, median of its repeats), every cost measured by "
+    "The headline speedup is therefore T_MLP / T_GLAI with T = epochs × the model's "
+    "least-disturbed (minimum) cost per epoch (+ GLAI's conversion, the minimum of its "
+    "repeats), every cost measured by "
     "short probes of all the models interleaved round-robin in the same process after "
     "training (`Protocol.timing_repeats` rounds), so load slows MLP and GLAI alike and a "
-    "burst of load moves one sample, not the median. The costs are taken on the {clock} "
+    "burst of load moves some samples, not the minimum (two back-to-back runs at load 8 "
+    "agreed within 9% on the minimum, 28% on the median). The costs are taken on the {clock} "
     "clock: on a CPU device at one thread a process's CPU time per epoch is its wall time "
     "on a quiet machine, and it leaves out the waits for a core that other work adds (on "
     "a 2-core machine at load 8, wall per epoch was 4-9× CPU time and its probes ranged "

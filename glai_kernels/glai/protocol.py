@@ -24,9 +24,9 @@ glai_kernels/glai/paper_training.py's.
 
 Times per record: `seconds` / `cpu_seconds` are the raw wall clock and process CPU time of
 the training run; `time_wall` / `time_cpu` are the time to convergence from robust costs
-(glai_kernels/glai/timing.py): epochs × the median cost per epoch of that model on that
-clock, measured after training by probes of every model interleaved
-`Protocol.timing_repeats` times, plus GLAI's conversion (median of the run's and the
+(glai_kernels/glai/timing.py): epochs × the least-disturbed (minimum) cost per epoch of
+that model on that clock, measured after training by probes of every model interleaved
+`Protocol.timing_repeats` times, plus GLAI's conversion (minimum of the run's and the
 repeats'); `time` is the one on the headline clock (`headline_clock`: process CPU time on
 a CPU device, wall on an accelerator). For GLAI `time` = t_reduced + t_convert +
 t_estimator and `seconds` = wall_reduced + wall_convert + wall_estimator. `capped` says the
@@ -284,12 +284,6 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
     return interleaved(probes, protocol.timing_repeats)
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else 0.5 * (values[middle - 1] + values[middle])
-
-
 def _phases(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str) -> tuple:
     """GLAI's (reduced, conversion, estimator) times to convergence on one clock."""
     model = record["model"]
@@ -299,7 +293,7 @@ def _phases(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str) ->
     if record["switch"] == "auto":  # m_t is observed before training and after each epoch
         reduced += (record["reduced_epochs"] + 1) * costs["m_t"]["once"].on(clock_name).seconds
     estimator = record["estimator_epochs"] * costs[model]["epoch"].on(clock_name).seconds
-    return reduced, _median([ran, *convert.samples]), estimator
+    return reduced, min(ran, *convert.samples), estimator
 
 
 def headline_clock(protocol: Protocol) -> str:
@@ -316,8 +310,8 @@ def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
                 clock_name: str = "wall") -> None:
     """Set each record's time to convergence on both clocks (`time_wall`, `time_cpu`) and
     on the headline clock (`time`; GLAI's t_reduced / t_convert / t_estimator add up to
-    it), its cost per epoch on the headline clock (median, range, samples), both clocks'
-    medians, and GLAI's cost ratio to the MLP's epoch and conversion share."""
+    it), its cost per epoch on the headline clock (minimum, median, range, samples), both
+    clocks' minima, and GLAI's cost ratio to the MLP's epoch and conversion share."""
     mlp_epoch = costs["MLP"]["epoch"].on(clock_name).seconds
     for record in records:
         model = record["model"]
@@ -325,6 +319,7 @@ def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
         epoch = raw.on(clock_name)
         record.update(clock=clock_name, epoch_cost=epoch.seconds, epoch_cost_wall=raw.seconds,
                       epoch_cost_cpu=raw.cpu_seconds, epoch_cost_low=epoch.low,
+                      epoch_cost_median=epoch.median,
                       epoch_cost_high=epoch.high, epoch_cost_spread=epoch.spread,
                       cost_samples=list(epoch.samples))
         if not model.startswith("GLAI"):
