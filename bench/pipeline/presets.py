@@ -9,9 +9,9 @@
            patience and min delta), 4,096 training embeddings for A and B (256 steps of batch
            16 per epoch), 50 episodes per epoch for C; both switches (fixed fractions and m_t)
            and the structured comparison row. It runs 2 seeds (not 3) and leaves the digits
-           data set to `full` to stay near the 15-minute target: about 20 minutes of CPU on
-           this 2-core machine by the estimate in bench/NOTES.md ("Reproduction under early
-           stopping"), B1 alone 43% of it; B1's MLP still stops on the 60-epoch cap there.
+           data set to `full` to stay near the 15-minute target: 13-20 minutes on this 2-core
+           machine by the estimate in bench/NOTES.md ("Reproduction under early stopping"),
+           B1 alone about 40% of it; B1's MLP still stops on the 60-epoch cap there.
   full     the paper's settings on a user's machine: larger data, epoch caps of 100 (A, B)
            and 300 (C), the paper's patience, both built-in data sets for every head.
 Users' own embeddings replace the built-in data per head (`--data A1=file.npz`).
