@@ -18,9 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", action="append", default=[], metavar="HEAD=FILE",
                         help="users' own embeddings for a head (.npz/.pt; see "
                              "bench/pipeline/data.py); replaces the built-in data")
-    parser.add_argument("--switch", choices=("fixed", "auto"),
-                        help="reduced-MLP stage length: the paper's fixed fractions (default) "
-                             "or until the path distance m_t settles")
+    parser.add_argument("--switch", choices=("fixed", "auto", "both"),
+                        help="reduced-MLP stage length: the paper's fixed fractions, until the "
+                             "path distance m_t settles, or both side by side (default)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: steadier clocks on a shared "
+                             "machine; 0 leaves torch's default)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         files[head] = pathlib.Path(path)
     run_preset(args.preset, args.out, heads=args.heads.split(",") if args.heads else None,
                seeds=args.seeds, data_files=files, switch=args.switch, device=args.device,
-               progress=not args.no_progress)
+               progress=not args.no_progress, threads=args.threads or None)
 
 
 if __name__ == "__main__":

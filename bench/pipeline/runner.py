@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import platform
 import time
@@ -43,9 +44,11 @@ def load_data(head: PaperHead, source: str, preset: Preset, data_files: dict) ->
 def warm_up(preset: Preset) -> None:
     """One untimed epoch of every model on a tiny head of each family, so one-off costs
     (first calls into optimizers, the custom op, kernel selection) land in no timed run."""
-    protocol = dataclasses.replace(preset.protocol, max_epochs=1, max_epochs_b=1,
-                                   max_epochs_c=1, reference_size=64, episodes_per_epoch=2,
-                                   val_episodes=2)
+    protocol = dataclasses.replace(
+        preset.protocol, max_epochs=1, max_epochs_b=1, max_epochs_c=1, reference_size=64,
+        episodes_per_epoch=2, val_episodes=2, timing_repeats=1, probe_steps=2,
+        # a tiny head's kept fraction is large: force the sparse op so it is warm too
+        layout="dense" if preset.protocol.layout == "dense" else "sparse")
     families = {}
     for head in preset.heads:
         families.setdefault(head.family, head)
@@ -69,16 +72,32 @@ def warm_up_shapes(head: PaperHead, data: EmbeddingSplits, protocol: Protocol) -
 
 
 def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None = None,
-               progress: bool = True) -> list[dict]:
-    """Run every job of `preset`, write the reports into out_dir, return the records."""
+               progress: bool = True, threads: int | None = 1) -> list[dict]:
+    """Run every job of `preset`, write the reports into out_dir, return the records.
+
+    `threads`: torch's intra-op threads for the run (None: leave as is). One by default: at
+    batch 16 a second thread buys little, and on a shared machine its barrier waits make
+    wall clocks erratic (measured: a tiny head's run took 62 s at 2 threads with the load
+    average at 6-8, 0.6 s at 1)."""
     data_files = data_files or {}
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run_config(preset, out_dir, data_files, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
+                progress: bool) -> list[dict]:
     warm_up(preset)
     jobs = []
     for head in preset.heads:
         sources = ("file",) if head.paper_name in data_files else preset.sources_for(head)
         jobs.extend((head, source) for source in sources)
     records, notes = [], {}
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with tqdm(total=len(jobs) * len(preset.seeds), desc=f"GLAI pipeline ({preset.name})",
               unit="run", disable=not progress) as bar:
         for head, source in jobs:
@@ -102,6 +121,8 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "wall_seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu_started,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     report.write(records, meta, out_dir)
@@ -111,8 +132,9 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
 def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = None,
                seeds: int | None = None, data_files: dict | None = None,
                switch: str | None = None, device: str | None = None,
-               progress: bool = True) -> list[dict]:
-    """A named preset, optionally narrowed (heads, seeds) or redirected (files, switch, device)."""
+               progress: bool = True, threads: int | None = 1) -> list[dict]:
+    """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
+    threads); `switch` "fixed", "auto" or "both" (the default: both, side by side)."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -124,7 +146,11 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
     if seeds is not None:
         preset = dataclasses.replace(preset, seeds=tuple(range(seeds)))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    switches = {"fixed": ("fixed",), "auto": ("auto",), "both": ("fixed", "auto")}
+    if switch is not None and switch not in switches:
+        raise ValueError(f"switch must be one of {sorted(switches)}, got {switch!r}")
     protocol = dataclasses.replace(preset.protocol, device=device,
-                                   **({"switch": switch} if switch else {}))
+                                   **({"switches": switches[switch]} if switch else {}))
     preset = dataclasses.replace(preset, protocol=protocol)
-    return run_config(preset, out_dir, data_files=data_files, progress=progress)
+    return run_config(preset, out_dir, data_files=data_files, progress=progress,
+                      threads=threads)

@@ -9,7 +9,8 @@ Modules: `mlp` (accepted MLP form, reduced MLPs), `selector` (frozen path select
 counts), `convergence` (path distance m_t, the switch to the estimator). Training:
 `tasks` (classification, InfoNCE), `episodes` (few-shot), `training` (the loop, early
 stopping), `embeddings` (the data a head trains on), `paper_training` (the paper's per-head
-settings) and `protocol` (every model of the paper's Table 3 for one head, data set, seed).
+settings), `timing` (per-epoch costs from interleaved repeats, robust to a shared machine)
+and `protocol` (every model of the paper's Table 3 for one head, data set, seed).
 """
 
 from glai_kernels.glai.convergence import (
@@ -26,19 +27,22 @@ from glai_kernels.glai.head import GLAIHead
 from glai_kernels.glai.matching import Budget, count_parameters, match, path_budget
 from glai_kernels.glai.mlp import MLPLayers, make_mlp, parse_mlp, reduce_mlp, reduced_widths
 from glai_kernels.glai.paper_training import PAPER_TRAINING, PaperTraining, paper_training
-from glai_kernels.glai.protocol import MODELS, Protocol, run_head
+from glai_kernels.glai.protocol import MODELS, SWITCHES, Protocol, run_head
 from glai_kernels.glai.prune import PruneResult, path_norms, path_scores, prune
 from glai_kernels.glai.selector import PathSelector, all_paths
 from glai_kernels.glai.tasks import Classification, Contrastive, Task, info_nce, two_views
+from glai_kernels.glai.timing import Cost, interleaved, training_probe
 from glai_kernels.glai.training import EarlyStopping, FitResult, fit, make_optimizer
 
 __all__ = [
     "FIXED_FRACTIONS",
     "MODELS",
     "PAPER_TRAINING",
+    "SWITCHES",
     "Budget",
     "Classification",
     "Contrastive",
+    "Cost",
     "EarlyStopping",
     "EmbeddingSplits",
     "FewShot",
@@ -57,6 +61,7 @@ __all__ = [
     "fixed_reduced_epochs",
     "from_mlp",
     "info_nce",
+    "interleaved",
     "make_mlp",
     "make_optimizer",
     "match",
@@ -72,5 +77,6 @@ __all__ = [
     "reduce_mlp",
     "reduced_widths",
     "run_head",
+    "training_probe",
     "two_views",
 ]

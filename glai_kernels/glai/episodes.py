@@ -49,6 +49,9 @@ class FewShot(Task):
         for _ in range(self.episodes):
             yield self._episode(self._by_class, gen)
 
+    def steps_per_epoch(self):
+        return self.episodes
+
     def _logits(self, model, x, episode):
         support, query = episode
         way = support.shape[0]

@@ -1,27 +1,41 @@
 """The paper's protocol (Section 4.1, Tables 2-3) for one head, one data set and one seed.
 
 `run_head(head, data, seed, protocol)` trains every model of Table 3 and returns one record
-(a dict: epochs, best validation score, wall-clock per phase, parameters, ...) per model.
+(a dict: epochs, best validation score, times per phase, parameters, ...) per model.
 
 Models, each trained until early stopping (or the preset's epoch cap):
   MLP            the original head (n0, n1, n2), SGD, Table 2's LR / batch / MLP weight decay
   MLP reduced    (n0, rho*n1, n2) trained the same way (Table 3's baseline)
   Linear         one nn.Linear(n0, n2), SGD (Table 3's baseline)
   GLAI           phase 1: a fresh reduced MLP, SGD, for the paper's fixed fraction of the
-                 original's epochs (20% A, 15% B, 10% C) or until m_t settles (`switch="auto"`);
-                 phase 2: conversion (from_mlp, parameter matching, path-norm pruning over Ω);
+                 original's epochs (20% A, 15% B, 10% C);
+                 phase 2: conversion (from_mlp, parameter matching, path-norm pruning over Ω
+                 to the kept paths, in the layout `Protocol.layout` asks prune for: "auto"
+                 keeps only the K kept values when the sparse op is the faster);
                  phase 3: the estimator, Adam with GLAI weight decay, early stopping
-  GLAI structured  the same phase-1 MLP, pruned by whole path columns (a smaller dense P)
+  GLAI auto      the same, phase 1 until the path distance m_t settles (`switch="auto"`,
+                 its m_t observations timed as part of phase 1)
+  GLAI structured  the first switch's phase-1 MLP, pruned by whole path columns (a smaller
+                 dense P; a comparison row)
 Family B adds dropout (B1 0.2, B2 0.4) after the hidden layer (before the Linear head for the
 linear baseline) and trains with InfoNCE; family C trains on episodes. The per-head settings
 (LR, batch, weight decays, patience, dropout, episode shapes, InfoNCE temperature) are
 glai_kernels/glai/paper_training.py's.
+
+Times per record: `seconds` / `cpu_seconds` are the raw wall clock and process CPU time of
+the training run; `time_wall` / `time_cpu` are the time to convergence from robust costs
+(glai_kernels/glai/timing.py): epochs × the least-disturbed (minimum) cost per epoch of
+that model on that clock, measured after training by probes of every model interleaved
+`Protocol.timing_repeats` times, plus GLAI's conversion (minimum of the run's and the
+repeats'); `time` is the one on the headline clock (`headline_clock`: process CPU time on
+a CPU device, wall on an accelerator). For GLAI `time` = t_reduced + t_convert +
+t_estimator and `seconds` = wall_reduced + wall_convert + wall_estimator. `capped` says the
+run stopped on the epoch cap, not on early stopping.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -35,10 +49,12 @@ from glai_kernels.glai.mlp import make_mlp, reduce_mlp
 from glai_kernels.glai.paper_training import paper_training
 from glai_kernels.glai.prune import prune
 from glai_kernels.glai.tasks import Classification, Contrastive, Task
-from glai_kernels.glai.training import EarlyStopping, fit, make_optimizer, synchronize
+from glai_kernels.glai.timing import Cost, clock, interleaved, once_probe, training_probe
+from glai_kernels.glai.training import EarlyStopping, FitResult, fit, make_optimizer
 from glai_kernels.paper_heads import PaperHead
 
-MODELS = ("MLP", "MLP reduced", "GLAI", "GLAI structured", "Linear")
+MODELS = ("MLP", "MLP reduced", "GLAI", "GLAI auto", "GLAI structured", "Linear")
+SWITCHES = {"fixed": "GLAI", "auto": "GLAI auto"}  # switch -> its Table 3 row
 
 
 @dataclass(frozen=True)
@@ -50,12 +66,24 @@ class Protocol:
     max_epochs_c: int = 300  # family C (patience 30)
     patience_cap: int | None = None  # quick runs only: shorter patience than the paper's
     reference_size: int = 2048  # Ω for path norms and m_t: the first rows of the train split
-    switch: str = "fixed"  # "fixed" (paper's fractions) or "auto" (m_t settled)
+    switches: tuple[str, ...] = ("fixed", "auto")  # paper's fractions; m_t settled
+    layout: str = "auto"  # unstructured GLAI's weights: prune's layout ("auto"/"sparse"/"dense")
     episodes_per_epoch: int = 50
     val_episodes: int = 50
     structured: bool = True
     monitor: bool = True  # log m_t per epoch of GLAI's reduced MLP (not timed in "fixed")
+    timing_repeats: int = 3  # interleaved rounds of the cost probes (glai/timing.py)
+    probe_steps: int = 64  # optimizer steps per training probe (scaled to an epoch)
+    clock: str = "auto"  # headline clock: "wall", "cpu", or "auto" (cpu on a CPU device)
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.switches) - set(SWITCHES))
+        if unknown or not self.switches:
+            raise ValueError(f"switches must be a non-empty subset of {sorted(SWITCHES)}, "
+                             f"got {self.switches!r}")
+        if self.clock not in ("auto", "wall", "cpu"):
+            raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {self.clock!r}")
 
     def early_stopping(self, head: PaperHead) -> EarlyStopping:
         settings = paper_training(head)
@@ -97,10 +125,11 @@ def linear_head(head: PaperHead) -> nn.Sequential:
     return nn.Sequential(*([nn.Dropout(rate)] if rate else []), nn.Linear(head.n0, head.n2))
 
 
-def _record(head, data, seed, model, result, **extra) -> dict:
+def _record(head, data, seed, model, result: FitResult, **extra) -> dict:
     return {"data": data.name, "head": head.name, "family": head.family, "seed": seed,
             "model": model, "epochs": result.epochs, "bvs": result.best_score,
-            "seconds": result.seconds, "cpu_seconds": result.cpu_seconds, **extra}
+            "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
+            "capped": result.capped, **extra}
 
 
 def run_baseline(name: str, model: nn.Module, head: PaperHead, data: EmbeddingSplits,
@@ -123,26 +152,36 @@ def run_baseline(name: str, model: nn.Module, head: PaperHead, data: EmbeddingSp
     return _record(head, data, seed, name, result, params=count_parameters(model), **extra)
 
 
-def _timed(device: torch.device, fn):
-    """(fn(), wall seconds, CPU seconds), device-synchronised."""
-    synchronize(device)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    value = fn()
-    synchronize(device)
-    return value, time.perf_counter() - start, time.process_time() - cpu_start
+def _conversion(model: str) -> str:
+    return "structured" if model == "GLAI structured" else "unstructured"
 
 
-def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Protocol, seed: int,
-             mlp_epochs: int, device: torch.device) -> list[dict]:
-    """GLAI (and its structured variant) after the paper's pipeline; one record each."""
+def _prune(full, reference, keep: int, structured: bool, layout: str):
+    if structured:  # whole columns: a smaller dense P, no sparse layout
+        return prune(full, reference, keep=keep, structured=True)
+    return prune(full, reference, keep=keep, layout=layout)
+
+
+@dataclass
+class GLAIRun:
+    """What `run_glai` trained: the records, and the models and work the cost probes time
+    (estimator heads by row, the first switch's reduced MLP, Ω, the conversion by kind:
+    "unstructured" for every switch's GLAI row, "structured")."""
+
+    records: list[dict]
+    reference: torch.Tensor
+    estimators: dict[str, nn.Module] = field(default_factory=dict)
+    reduced: nn.Module | None = None
+    conversions: dict[str, object] = field(default_factory=dict)
+
+
+def _phase1(head, task, protocol, seed, switch, reference, mlp_epochs) -> tuple:
+    """A fresh reduced MLP trained for the switch's epochs: (model, FitResult, monitor)."""
     settings = paper_training(head)
-    template = original_mlp(head)
     torch.manual_seed(1000 * seed + 2)
-    reduced = reduce_mlp(template, head.rho).to(device)
-    reference = data.x["train"][:protocol.reference_size].to(device)
+    reduced = reduce_mlp(original_mlp(head), head.rho).to(reference.device)
     monitor = StructureMonitor(reference)
-    fixed = fixed_reduced_epochs(head.family, mlp_epochs)
-    auto = protocol.switch == "auto"
+    auto = switch == "auto"
     if protocol.monitor or auto:
         monitor.observe(reduced)
 
@@ -153,41 +192,151 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
 
     optimizer = make_optimizer("sgd", reduced.parameters(), lr=settings.lr,
                                weight_decay=settings.mlp_weight_decay)
-    phase1 = fit(reduced, task, optimizer, max_epochs=protocol.epoch_cap(head) if auto else fixed,
-                 early=None, seed=seed, validate=False, after_epoch=after_epoch)
-    t_reduced = phase1.seconds + (phase1.monitor_seconds if auto else 0.0)
+    max_epochs = protocol.epoch_cap(head) if auto else fixed_reduced_epochs(
+        head.family, mlp_epochs)
+    result = fit(reduced, task, optimizer, max_epochs=max_epochs, early=None, seed=seed,
+                 validate=False, after_epoch=after_epoch)
+    return reduced, result, monitor
 
-    full, t_convert, cpu_convert = _timed(device, lambda: from_mlp(reduced.eval()))
-    budget = path_budget(template, reduced, full)
-    records = []
-    for variant, structured in (("GLAI", False), ("GLAI structured", True)):
-        if structured and not protocol.structured:
+
+def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Protocol, seed: int,
+             mlp_epochs: int, device: torch.device) -> GLAIRun:
+    """GLAI for each switch (and the structured variant) after the paper's pipeline."""
+    settings = paper_training(head)
+    template = original_mlp(head)
+    reference = data.x["train"][:protocol.reference_size].to(device)
+    run = GLAIRun([], reference=reference)
+    for number, switch in enumerate(protocol.switches):
+        reduced, phase1, monitor = _phase1(head, task, protocol, seed, switch, reference,
+                                           mlp_epochs)
+        auto = switch == "auto"
+        wall_reduced = phase1.seconds + (phase1.monitor_seconds if auto else 0.0)
+        full, t_convert, cpu_convert = _timed(device, lambda r=reduced: from_mlp(r.eval()))
+        budget = path_budget(template, reduced, full)
+        variants = [(SWITCHES[switch], False)]
+        if number == 0:
+            run.reduced = reduced
+            if protocol.structured:
+                variants.append(("GLAI structured", True))
+        for variant, structured in variants:
+            pruned, t_prune, cpu_prune = _timed(device, lambda s=structured, f=full, k=(
+                budget.keep): _prune(f, reference, k, s, protocol.layout))
+            if number == 0:  # the conversion as the probes repeat it, from the same MLP
+                run.conversions[_conversion(variant)] = (
+                    lambda r=reduced, k=budget.keep, s=structured: _prune(
+                        from_mlp(r.eval()), reference, k, s, protocol.layout))
+            model = pruned.head.train()
+            initial = task.validate(model)
+            optimizer = make_optimizer("adam", model.parameters(), lr=settings.lr,
+                                       weight_decay=settings.glai_weight_decay)
+            result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
+                         early=protocol.early_stopping(head), seed=seed)
+            run.estimators[variant] = model
+            total = count_parameters(reduced) + count_parameters(model)
+            wall_convert = t_convert + t_prune
+            record = _record(
+                head, data, seed, variant, result,
+                seconds=wall_reduced + wall_convert + result.seconds,
+                cpu_seconds=phase1.cpu_seconds + cpu_convert + cpu_prune + result.cpu_seconds,
+                wall_reduced=wall_reduced, wall_convert=wall_convert,
+                wall_estimator=result.seconds, t_monitor=phase1.monitor_seconds,
+                cpu_convert=cpu_convert + cpu_prune,
+                reduced_epochs=phase1.epochs, estimator_epochs=result.epochs,
+                epochs_total=phase1.epochs + result.epochs,
+                reduced_capped=auto and phase1.capped, params=total,
+                params_original=budget.original, params_budget_capped=budget.capped,
+                kept=pruned.kept, candidates=pruned.candidates, mu=pruned.mu,
+                paths=model.paths, layout=model.layout,
+                initial_score=initial, backend=model.backend_used, switch=switch,
+                m_history=list(monitor.history))
+            record["capped"] = result.capped or record["reduced_capped"]
+            run.records.append(record)
+    return run
+
+
+def _timed(device: torch.device, fn):
+    """(fn(), wall seconds, CPU seconds), device-synchronised."""
+    box = []
+    wall, cpu = clock(device, lambda: box.append(fn()))
+    return box[0], wall, cpu
+
+
+def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
+                  models: dict[str, nn.Module], glai: GLAIRun,
+                  device: torch.device) -> dict[str, dict[str, Cost]]:
+    """Every model's cost per epoch, each conversion and one m_t observation, measured by
+    interleaved probes (glai_kernels/glai/timing.py) after all training of this seed."""
+    settings = paper_training(head)
+    probes = {}
+    for name, model in {**models, **glai.estimators}.items():
+        kind = "adam" if name.startswith("GLAI") else "sgd"
+        decay = settings.glai_weight_decay if kind == "adam" else settings.mlp_weight_decay
+        optimizer = make_optimizer(kind, model.parameters(), lr=settings.lr,
+                                   weight_decay=decay)
+        probes[name] = training_probe(model, task, optimizer, steps=protocol.probe_steps,
+                                      seed=seed + 7)
+    for variant, convert in glai.conversions.items():
+        probes[f"convert {variant}"] = once_probe(device, convert, "once")
+    if "auto" in protocol.switches and glai.reduced is not None:
+        watcher = StructureMonitor(glai.reference)
+        watcher.observe(glai.reduced)  # the first observation has no m_t: untimed
+        probes["m_t"] = once_probe(device, lambda: watcher.observe(glai.reduced), "once")
+    return interleaved(probes, protocol.timing_repeats)
+
+
+def _phases(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str) -> tuple:
+    """GLAI's (reduced, conversion, estimator) times to convergence on one clock."""
+    model = record["model"]
+    convert = costs[f"convert {_conversion(model)}"]["once"].on(clock_name)
+    ran = record["wall_convert" if clock_name == "wall" else "cpu_convert"]
+    reduced = record["reduced_epochs"] * costs["MLP reduced"]["train"].on(clock_name).seconds
+    if record["switch"] == "auto":  # m_t is observed before training and after each epoch
+        reduced += (record["reduced_epochs"] + 1) * costs["m_t"]["once"].on(clock_name).seconds
+    estimator = record["estimator_epochs"] * costs[model]["epoch"].on(clock_name).seconds
+    return reduced, min(ran, *convert.samples), estimator
+
+
+def headline_clock(protocol: Protocol) -> str:
+    """The clock of the headline time: "cpu" on a CPU device (with one thread a process's
+    CPU time per epoch is its wall time on a quiet machine, and it leaves out the waits for
+    a core that other work on a shared machine adds), "wall" on an accelerator (its work
+    is asynchronous: the CPU's clock does not see it)."""
+    if protocol.clock != "auto":
+        return protocol.clock
+    return "cpu" if torch.device(protocol.device).type == "cpu" else "wall"
+
+
+def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
+                clock_name: str = "wall") -> None:
+    """Set each record's time to convergence on both clocks (`time_wall`, `time_cpu`) and
+    on the headline clock (`time`; GLAI's t_reduced / t_convert / t_estimator add up to
+    it), its cost per epoch on the headline clock (minimum, median, range, samples), both
+    clocks' minima, and GLAI's cost ratio to the MLP's epoch and conversion share."""
+    mlp_epoch = costs["MLP"]["epoch"].on(clock_name).seconds
+    for record in records:
+        model = record["model"]
+        raw = costs[model]["epoch"]
+        epoch = raw.on(clock_name)
+        record.update(clock=clock_name, epoch_cost=epoch.seconds, epoch_cost_wall=raw.seconds,
+                      epoch_cost_cpu=raw.cpu_seconds, epoch_cost_low=epoch.low,
+                      epoch_cost_median=epoch.median,
+                      epoch_cost_high=epoch.high, epoch_cost_spread=epoch.spread,
+                      cost_samples=list(epoch.samples))
+        if not model.startswith("GLAI"):
+            record.update(time=record["epochs"] * epoch.seconds,
+                          time_wall=record["epochs"] * raw.seconds,
+                          time_cpu=record["epochs"] * raw.cpu_seconds)
             continue
-        pruned, t_prune, cpu_prune = _timed(device, lambda s=structured: prune(
-            full, reference, keep=budget.keep, structured=s))
-        model = pruned.head.train()
-        initial = task.validate(model)
-        optimizer = make_optimizer("adam", model.parameters(), lr=settings.lr,
-                                   weight_decay=settings.glai_weight_decay)
-        result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
-                     early=protocol.early_stopping(head), seed=seed)
-        total = count_parameters(reduced) + count_parameters(model)
-        records.append(_record(
-            head, data, seed, variant, result,
-            seconds=t_reduced + t_convert + t_prune + result.seconds,
-            cpu_seconds=phase1.cpu_seconds + cpu_convert + cpu_prune + result.cpu_seconds,
-            t_reduced=t_reduced, t_convert=t_convert + t_prune, t_estimator=result.seconds,
-            t_monitor=phase1.monitor_seconds, reduced_epochs=phase1.epochs,
-            estimator_epochs=result.epochs, epochs_total=phase1.epochs + result.epochs,
-            params=total, params_original=budget.original, params_budget_capped=budget.capped,
-            kept=pruned.kept, candidates=pruned.candidates, mu=pruned.mu, paths=model.paths,
-            initial_score=initial, backend=model.backend_used, switch=protocol.switch,
-            m_history=list(monitor.history)))
-    return records
+        for name in ("wall", "cpu"):
+            record[f"time_{name}"] = sum(_phases(record, costs, name))
+        reduced, convert, estimator = _phases(record, costs, clock_name)
+        record.update(t_reduced=reduced, t_convert=convert, t_estimator=estimator,
+                      time=reduced + convert + estimator, cost_ratio=epoch.seconds / mlp_epoch,
+                      convert_share=convert / (reduced + convert + estimator))
 
 
 def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protocol) -> list[dict]:
-    """Every model of Table 3 for one (head, data, seed)."""
+    """Every model of Table 3 for one (head, data, seed), then their robust costs."""
     device = torch.device(protocol.device)
     task = make_task(head, data, protocol, seed, device)
     records = []
@@ -201,8 +350,14 @@ def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protoc
     torch.manual_seed(1000 * seed + 1)
     reduced = reduce_mlp(original_mlp(head), head.rho).to(device)
     records.append(run_baseline("MLP reduced", reduced, head, data, task, protocol, seed))
-    records.extend(run_glai(head, data, task, protocol, seed, records[0]["epochs"], device))
+    glai = run_glai(head, data, task, protocol, seed, records[0]["epochs"], device)
+    records.extend(glai.records)
     torch.manual_seed(1000 * seed + 3)
-    records.append(run_baseline("Linear", linear_head(head).to(device), head, data, task,
-                                protocol, seed))
-    return records
+    linear = linear_head(head).to(device)
+    records.append(run_baseline("Linear", linear, head, data, task, protocol, seed))
+    costs = measure_costs(head, task, protocol, seed,
+                          {"MLP": original, "MLP reduced": reduced, "Linear": linear}, glai,
+                          device)
+    apply_costs(records, costs, headline_clock(protocol))
+    order = {name: k for k, name in enumerate(MODELS)}
+    return sorted(records, key=lambda r: order[r["model"]])

@@ -25,6 +25,10 @@ class Task:
     def batches(self, gen: torch.Generator) -> Iterator:
         raise NotImplementedError
 
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps (batches) in one epoch of `batches`."""
+        raise NotImplementedError
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         raise NotImplementedError
 
@@ -43,6 +47,9 @@ class Classification(Task):
         order = torch.randperm(len(self.x), generator=gen).to(self.x.device)
         for rows in order.split(self.batch_size):
             yield self.x[rows], self.y[rows]
+
+    def steps_per_epoch(self):
+        return -(-len(self.x) // self.batch_size)
 
     def loss(self, model, batch):
         x, y = batch
@@ -88,6 +95,10 @@ class Contrastive(Task):
         for rows in order.split(self.batch_size):
             if len(rows) > 1:  # one sample has no negatives
                 yield self.x[rows]
+
+    def steps_per_epoch(self):
+        full, tail = divmod(len(self.x), self.batch_size)
+        return full + (tail > 1)
 
     def loss(self, model, batch):
         return info_nce(*two_views(model, batch), self.temperature)

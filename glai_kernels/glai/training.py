@@ -55,6 +55,7 @@ class FitResult:
     seconds: float = 0.0  # wall-clock of training and validation, device-synchronised
     cpu_seconds: float = 0.0  # this process's CPU time over the same span (all threads)
     monitor_seconds: float = 0.0  # time spent in `after_epoch` (m_t logging), not in seconds
+    capped: bool = False  # ran all max_epochs without early stopping (or after_epoch) stopping it
 
 
 def make_optimizer(kind: str, params, *, lr: float, weight_decay: float):
@@ -107,6 +108,8 @@ def fit(
             cpu_start += time.process_time() - cpu_paused
         if stop:
             break
+    else:
+        result.capped = max_epochs > 0
     synchronize(device)
     result.seconds = time.perf_counter() - start
     result.cpu_seconds = time.process_time() - cpu_start

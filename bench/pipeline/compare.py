@@ -1,0 +1,71 @@
+"""Do two pipeline runs agree? `python -m bench.pipeline.compare A/results.json B/results.json`
+
+Compares the headline speedup (GLAI's time to convergence over the MLP's, mean over seeds)
+per (data, head) and GLAI row of two runs' results.json, e.g. two runs of one commit, one of
+them with other work on the machine. Prints a table and whether every head agrees within the
+tolerance (default 15%: |a − b| / min(a, b) <= 0.15); the exit status is 1 when one does not.
+The epochs per seed must match too (training is deterministic): a mismatch is reported, as
+it means the runs did not train the same models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import pandas as pd
+
+from bench.pipeline.report import _frame
+
+
+def headline(path: pathlib.Path) -> pd.DataFrame:
+    """Per (data, head, model) of the GLAI rows: mean headline, robust wall, raw wall and raw
+    CPU speedup and the epochs per seed (a tuple), from one results.json."""
+    frame = _frame(json.loads(pathlib.Path(path).read_text())["records"])
+    glai = frame[frame.model.str.startswith("GLAI")]
+    return glai.groupby(["data", "head", "model"], sort=False).agg(
+        speedup=("speedup", "mean"), robust_wall=("robust_wall_speedup", "mean"),
+        wall=("wall_speedup", "mean"), cpu=("cpu_speedup", "mean"),
+        epochs=("epochs_total", tuple))
+
+
+def compare(a: pathlib.Path, b: pathlib.Path, tolerance: float = 0.15) -> pd.DataFrame:
+    """One row per (data, head, model) in both runs, with each measure's relative difference
+    (|a − b| / min(a, b)), whether the headline agrees and whether the epochs match."""
+    left, right = headline(a), headline(b)
+    both = left.add_suffix(" A").join(right.add_suffix(" B"), how="inner")
+    for measure in ("speedup", "robust_wall", "wall", "cpu"):
+        x, y = both[f"{measure} A"], both[f"{measure} B"]
+        both[f"{measure} diff"] = (x - y).abs() / pd.concat([x, y], axis=1).min(axis=1)
+    both["agrees"] = both["speedup diff"] <= tolerance
+    both["same epochs"] = both["epochs A"] == both["epochs B"]
+    return both
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline.compare",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=pathlib.Path)
+    parser.add_argument("b", type=pathlib.Path)
+    parser.add_argument("--tolerance", type=float, default=0.15)
+    args = parser.parse_args(argv)
+    table = compare(args.a, args.b, args.tolerance)
+    if table.empty:
+        print("no (data, head, GLAI row) in common")
+        return 1
+    shown = table[["speedup A", "speedup B", "speedup diff", "robust_wall diff", "wall diff",
+                   "cpu diff", "agrees", "same epochs"]]
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(shown.to_string())
+    ok = bool(table.agrees.all())
+    print(f"\nheadline speedups agree within {100 * args.tolerance:.0f}% on "
+          f"{int(table.agrees.sum())} of {len(table)}: {'PASS' if ok else 'FAIL'}"
+          + ("" if table["same epochs"].all() else
+             "; WARNING: epochs differ between the runs (not the same training)"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
