@@ -258,8 +258,7 @@ def convergence_figure(frame: pd.DataFrame, path: pathlib.Path) -> bool:
     ax.set_xlabel("epoch of the original MLP")
     ax.set_ylabel("m_t / m_1")
     ax.set_title("Path distance m_t between consecutive epochs (docs/ARCHITECTURE.md §4.7; "
-                 "the paper's Figure 3)
-where GLAI's reduced MLP stopped (first seed): "
+                 "the paper's Figure 3)\nwhere GLAI's reduced MLP stopped (first seed): "
                  "dot = fixed fraction, cross = m_t switch", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
