@@ -88,9 +88,9 @@ def cases(shape: tuple[int, int, int], batch: int, mu: float, seed: int = 0):
         "sparse torch fwd": no_grad(lambda: sparse.estimator(x, act, sw, backend="torch")),
         "op forward": lambda: op_f(x, act, values, index, False),
         "op forward+Zg": lambda: op_f(x, act, values, index, True),
-        "op dvalues": lambda: op_b(dy, x, act, values, index, empty, False, False, True),
-        "op dx": lambda: op_b(dy, x, act, values, index, empty, True, False, False),
-        "op dact": lambda: op_b(dy, x, act, values, index, zg, False, True, False),
+        "op dvalues": lambda: op_b(dy, x, act, values, index, empty, [False, False, True]),
+        "op dx": lambda: op_b(dy, x, act, values, index, empty, [True, False, False]),
+        "op dact": lambda: op_b(dy, x, act, values, index, zg, [False, True, False]),
     }
     k, g = sw.nnz, sw.index.groups
     ld = sparse_cpp.padded_batch(batch)

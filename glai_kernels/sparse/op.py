@@ -19,6 +19,7 @@ import torch
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import as_index, check_inputs
+from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
 from glai_kernels.sparse.weight import SparsePathWeight
 
@@ -174,11 +175,83 @@ def estimator(
         raise TypeError(f"sparse estimator: sw must be a SparsePathWeight (glai_kernels.sparse."
                         f"from_dense(weight, mask)), got {type(sw).__name__}")
     index = sw.index
-    check_inputs(x, act, sw.values, index, bias)
+    shape = check_inputs(x, act, sw.values, index, bias)
     impl = resolve(backend, x.device, x.dtype)
     save = torch.is_grad_enabled() and act.requires_grad
+    if _eager(x, act, sw.values, bias):
+        return _EagerSparse.apply(x, act, sw.values, bias, index, impl, shape, save)
     y, _ = sparse_estimator_op(x, act, sw.values, list(index), bias, impl.name, save)
     return y
+
+
+def _eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether `estimator` may skip the custom ops: plain tensors, no torch.compile tracing, no
+    dispatch or function mode (fake tensors, functorch, __torch_function__ overrides)."""
+    return (not torch.compiler.is_compiling()
+            and all(t is None or type(t) is torch.Tensor for t in tensors)
+            and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def _contiguous_index(index: KeptIndex) -> KeptIndex:
+    if all(t.is_contiguous() for t in index):
+        return index
+    return KeptIndex(*(t.contiguous() for t in index))
+
+
+class _EagerSparse(torch.autograd.Function):
+    """The two custom ops' work as one autograd.Function, for eager calls of `estimator`.
+
+    The custom ops cost ≈ 0.1-0.2 ms of Python per call (the checks run again inside each,
+    the custom-op and autograd wrappers), as much as the `cpp` kernels themselves at the
+    paper's B = 16 (bench/NOTES.md, "cpp performance pass"). Same backends, same checks of
+    their results, same gradients ("only those needed"); torch.compile, opcheck and direct
+    callers of torch.ops.glai.sparse_estimator still get the custom ops.
+    """
+
+    @staticmethod
+    def forward(ctx, x, act, values, bias, index, impl, shape, save):
+        saved = None
+        if _is_empty(shape):
+            y = x.new_zeros(shape.batch, shape.outputs)  # an empty sum is zero
+        else:
+            x, act, values = x.contiguous(), act.contiguous(), values.contiguous()
+            index = _contiguous_index(index)
+            if _saves(impl, shape, save):
+                y, saved = impl.forward_saving(x, act, values, index)
+                saved = _checked(impl, "saved Zg", saved, impl.saved_shape(shape),
+                                 accumulation_dtype(x.dtype))
+            else:
+                y = impl.forward(x, act, values, index)
+            y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(x, act, values, saved)
+        ctx.index, ctx.impl, ctx.shape = index, impl, shape
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, act, values, saved = ctx.saved_tensors
+        need_x, need_act, need_values, need_bias = ctx.needs_input_grad[:4]
+        wanted = (need_x, need_act, need_values)
+        impl = ctx.impl
+        grads: tuple = (None, None, None)
+        if any(wanted):
+            if _is_empty(ctx.shape):
+                grads = tuple(torch.zeros_like(t) if need else None
+                              for t, need in zip((x, act, values), wanted, strict=True))
+            else:
+                args = (dy.contiguous(), x, act, values, ctx.index, wanted)
+                computed = (impl.backward(*args, saved=saved) if saved is not None
+                            else impl.backward(*args))
+                grads = tuple(
+                    _checked(impl, f"d{name}", g, tuple(t.shape), x.dtype) if need else None
+                    for name, g, t, need in zip(("x", "act", "values"), computed,
+                                                (x, act, values), wanted, strict=True))
+        dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype) if need_bias else None
+        return (*grads, dbias, None, None, None, None)
 
 
 def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:

@@ -1,0 +1,106 @@
+"""One GLAI training step on the sparse `cpp` backend against the original MLP's training step,
+per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP step; bench/
+NOTES.md, "Sparse kept-path estimator", "cpp performance pass", has prediction and result).
+
+    python -m bench.sparse_train_step [--heads A1 ... C2] [--threads 1] [--repeats 7]
+
+Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
+  MLP step   the original MLP (n0 -> n1 -> n2, no dropout): forward, a squared-error loss,
+             backward, SGD step (fused where torch has it, the paper's LR and weight decay),
+             zero_grad.
+  GLAI step  the GLAIHead of the reduced MLP pruned (path norms over 256 random reference
+             rows) to the matched K in the sparse layout: its forward (the frozen selector =
+             the reduced MLP's first layer + ReLU gates, then the sparse estimator), the same
+             loss, backward (gradients to the kept values and the bias only: x is data and the
+             selector is frozen), Adam step over K values (fused where torch has it), zero_grad.
+Each sample is the mean of enough steps to last ≥ 20 ms; the two steps are interleaved and
+the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
+with more than one thread it leaves out the other threads' work: read the wall clock then)
+and on the wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from glai_kernels.glai import make_optimizer, match, paper_training, prune
+from glai_kernels.glai.mlp import make_mlp
+from glai_kernels.paper_heads import PAPER_HEADS
+
+
+def _mean_step(step: Callable[[], None], clock: Callable[[], float],
+               min_seconds: float = 0.02) -> float:
+    calls, start = 0, clock()
+    while True:
+        step()
+        calls += 1
+        elapsed = clock() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+             target: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        loss = (model(x) - target).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def head_steps(name: str, backend: str = "cpp") -> tuple[dict[str, Callable[[], None]], str]:
+    """({"MLP": step, "GLAI": step}, a description) for paper head `name`."""
+    spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
+    torch.manual_seed(0)
+    original = make_mlp((spec.n0, spec.n1, spec.n2))
+    _, head, budget = match(original, spec.rho)
+    head = prune(head, torch.randn(256, spec.n0), keep=budget.keep, layout="sparse").head
+    head.backend = backend
+    batch = settings.batch_size
+    x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
+    steps = {
+        "MLP": _stepper(original, make_optimizer("sgd", original.parameters(), lr=settings.lr,
+                                                 weight_decay=settings.mlp_weight_decay),
+                        x, target),
+        "GLAI": _stepper(head, make_optimizer("adam", [p for p in head.parameters()
+                                                       if p.requires_grad],
+                                              lr=settings.lr,
+                                              weight_decay=settings.glai_weight_decay),
+                         x, target),
+    }
+    return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--backend", default="cpp")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), sparse backend "
+          f"{args.backend}, min over {args.repeats} interleaved repeats; GLAI / MLP step")
+    for name in args.heads:
+        steps, what = head_steps(name, args.backend)
+        clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
+        best = {(model, c): float("inf") for model in steps for c in clocks}
+        for step in steps.values():
+            step()  # warm up: extension, optimizer state
+        for _ in range(args.repeats):
+            for c, clock in clocks.items():
+                for model, step in steps.items():
+                    best[model, c] = min(best[model, c], _mean_step(step, clock))
+        cells = "  ".join(
+            f"{c}: MLP {1e3 * best['MLP', c]:.3f} ms GLAI {1e3 * best['GLAI', c]:.3f} ms "
+            f"-> {best['GLAI', c] / best['MLP', c]:.2f}x" for c in clocks)
+        print(f"{name} ({what})  {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
