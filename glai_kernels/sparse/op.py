@@ -184,11 +184,14 @@ def estimator(
     return y
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter is a plain tensor to dispatch
+
+
 def _eager(*tensors: torch.Tensor | None) -> bool:
     """Whether `estimator` may skip the custom ops: plain tensors, no torch.compile tracing, no
     dispatch or function mode (fake tensors, functorch, __torch_function__ overrides)."""
     return (not torch.compiler.is_compiling()
-            and all(t is None or type(t) is torch.Tensor for t in tensors)
+            and all(t is None or type(t) in _PLAIN for t in tensors)
             and not torch._C._is_torch_function_mode_enabled()
             and torch._C._len_torch_dispatch_stack() == 0)
 
