@@ -17,7 +17,7 @@ count):
 
 The forward keeps Zg^T [G, ld] (float32 for half inputs) when act needs a gradient; dact then
 costs B·G instead of recomputing the group sums. Without Zg and with small groups (fewer than
-10 entries on average) the forward runs flat over each output's entries instead,
+16 entries on average) the forward runs flat over each output's entries instead,
 y^T[o] = sum_k (v_k act^T[s_k]) x^T[i_k]. Every index is range-checked (per call for the
 arrays the hot loops read, per entry elsewhere): a corrupt index raises, it never reads or
 writes outside its tensors. `torch.ops.glai_ext.sparse_min_work(n)` sets the multiply-adds per
