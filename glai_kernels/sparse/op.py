@@ -193,6 +193,7 @@ def _eager(*tensors: torch.Tensor | None) -> bool:
     return (not torch.compiler.is_compiling()
             and all(t is None or type(t) in _PLAIN for t in tensors)
             and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._are_functorch_transforms_active()
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
