@@ -45,9 +45,10 @@ def _run_label(record_row: pd.Series) -> str:
 
 
 def _is_paper_shape(row) -> bool:
-    """The head's own I, P, O at the paper's batches (the sweeps around it vary one axis)."""
+    """The head's own I, P, O at the paper's batches (the sweeps around it vary one axis),
+    of the dense op (not a kept-fraction row, which has a `mu`)."""
     head = PAPER_HEADS.get(row.head)
-    if head is None:
+    if head is None or pd.notna(row.mu):
         return False
     shape = head.shape(1)
     return (row.batch in PAPER_BATCHES and
@@ -60,8 +61,8 @@ def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
     `df`: the history frame of one machine, dtype and pass; `runs`: that machine's runs in order
     (columns run, commit, date).
     """
-    df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs"]]
-             .itertuples(index=False)]]
+    df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs",
+                                             "mu"]].itertuples(index=False)]]
     heads = [h for h in PAPER_HEADS if h in set(df["head"])]
     # the backend each record's speedups are over: first, and without a speedup line
     baselines = set(df["baseline"])
@@ -184,7 +185,7 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
         df.loc[mdf.index, "run"] = mdf["record"].map(dict(zip(runs["record"], runs["run"],
                                                             strict=True)))
         mdf = df.loc[mdf.index]
-        ok = mdf[mdf["status"] == "ok"]
+        ok = mdf[(mdf["status"] == "ok") & mdf["mu"].isna()]
         for (dtype, pass_), sub in sorted(
                 ok.groupby(["dtype", "pass"]),
                 key=lambda item: (*_order(*item[0]), *item[0])):
