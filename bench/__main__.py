@@ -79,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
                    help="timing rounds per measurement (default: the preset's)")
     p.add_argument("--min-time", type=float, default=None,
                    help="timed seconds per measurement (default: the preset's)")
+    p.add_argument("--max-call", type=float, default=None,
+                   help="seconds: a case whose roofline floor exceeds this, or a backend "
+                        "whose call takes 3x this, is skipped (default: the preset's)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.add_argument("--out", type=Path, default=None,
@@ -150,7 +153,8 @@ def run(argv: list[str]) -> int:
                                dtypes=args.dtypes, passes=args.passes, heads=args.heads,
                                batches=args.batches, sweeps=args.sweeps,
                                rounds=args.rounds,
-                               min_time_s=args.min_time, out_dir=out,
+                               min_time_s=args.min_time, max_call_s=args.max_call,
+                               out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
                                threads=args.threads,
                                command=" ".join(["glai-bench run", *argv]))

@@ -253,7 +253,7 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
             passes: list[str]) -> dict[tuple[str, str], dict]:
     """{(pass, backend label): measurement} for one head, batch and μ (`ctx` is the
     runner's Context; the (head, batch) inputs are kept in ctx.kept_inputs across μ)."""
-    from bench.runner import SLOW_FACTOR, _skip, _time, _timing_fields, _warm
+    from bench.runner import SLOW_FACTOR, _skip, _sync, _time, _timing_fields, _warm
 
     dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -293,9 +293,11 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
                       _step_call(label, head, inputs, sw, masked, mask))
                 start = time.perf_counter()
                 first = fn()
+                _sync(device)
                 m["first_call_s"] = time.perf_counter() - start
                 start = time.perf_counter()
                 fn()
+                _sync(device)
                 second = time.perf_counter() - start
                 if second > SLOW_FACTOR * preset.max_call_s:
                     m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x "

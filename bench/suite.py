@@ -59,7 +59,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
         batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
         rounds: int | None = None,
-        min_time_s: float | None = None, out_dir: Path | None = None,
+        min_time_s: float | None = None, max_call_s: float | None = None,
+        out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
         log: Callable[[str], None] = print) -> RunOutput:
@@ -67,8 +68,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
 
     `backends` may name the sparse op's as "sparse:NAME" (the kept-fraction sweep runs every
     available one unless some are named); `heads`/`batches`/`sweeps` keep only those cases
-    of the preset; `rounds`/`min_time_s` override
-    its timing; `threads` sets torch's CPU threads (default: torch's choice, all cores).
+    of the preset; `rounds`/`min_time_s`/`max_call_s` override its timing and its per-call
+    limit; `threads` sets torch's CPU threads (default: torch's choice, all cores).
     """
     started = time.perf_counter()
     if threads is not None:
@@ -78,6 +79,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         preset = dataclasses.replace(preset, rounds=rounds)
     if min_time_s is not None:
         preset = dataclasses.replace(preset, min_time_s=min_time_s)
+    if max_call_s is not None:
+        preset = dataclasses.replace(preset, max_call_s=max_call_s)
     dev = resolve_device(device)
     cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
     # "sparse:NAME" names a backend of the sparse op, for the kept-fraction sweep
