@@ -172,7 +172,13 @@ def run(argv: list[str]) -> int:
             if args.history == history.HISTORY_DIR:
                 from bench import dashboard
 
-                print(f"  wrote {dashboard.render(history.load())}")
+                # the run is recorded; a problem in the rest of the history (a bad record is
+                # skipped with a warning, a foreign file is an error) must not stop the suite
+                try:
+                    page = dashboard.render(history.load(args.history), dashboard.OUT)
+                    print(f"  wrote {page}")
+                except (OSError, ValueError) as e:
+                    print(f"python -m bench: dashboard not rendered: {e}", file=sys.stderr)
     if args.suite in ("pipeline", "all"):
         run_pipeline(args.preset, args.pipeline_out)
     return 0

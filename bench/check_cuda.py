@@ -9,7 +9,7 @@ fails (exit 1) on a compile error or on any kernel or device function that spill
 (nonzero spill stores or loads). The per-kernel registers, shared memory, stack and spills
 are written to `<report-dir>/sm_<arch>.md`, one table per architecture, for the record.
 
-Then the torch binding (`cuda/binding.cpp`) is compiled with `-fsyntax-only` against the
+Then the torch bindings (every `cuda/*.cpp`) are compiled with `-fsyntax-only` against the
 installed torch's headers, so a CPU-only machine still catches its errors; the CPU wheel
 lacks one generated header (c10/cuda/impl/cuda_cmake_macros.h), which is stubbed.
 
@@ -114,8 +114,9 @@ def cuda_include_dir(nvcc: str) -> Path | None:
     return next((c for c in candidates if (c / "cuda_runtime.h").exists()), None)
 
 
-def check_binding(nvcc: str) -> str | None:
-    """Compile cuda/binding.cpp with -fsyntax-only against torch's headers; the error or None."""
+def check_binding(nvcc: str, source: Path) -> str | None:
+    """Compile a binding (cuda/*.cpp) with -fsyntax-only against torch's headers; the error
+    or None."""
     try:
         from torch.utils.cpp_extension import include_paths
     except ImportError:
@@ -137,7 +138,7 @@ def check_binding(nvcc: str) -> str | None:
                 "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
             includes.append(f"-isystem{stub}")
         done = subprocess.run([compiler, "-std=c++20", "-fsyntax-only", "-Wall", *includes,
-                               str(CUDA_DIR / "binding.cpp")], capture_output=True, text=True)
+                               str(source)], capture_output=True, text=True)
     return None if done.returncode == 0 else done.stderr[-4000:]
 
 
@@ -199,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         kernels = sum(f.entry for _, f in rows)
         print(f"sm_{arch}: {kernels} kernels, {len(spilling)} spilling -> "
               f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    binding_error = check_binding(nvcc)
-    print("binding.cpp: " + ("compiles (syntax only)" if binding_error is None
-                            else f"FAILED\n{binding_error}"))
-    failed |= binding_error is not None
+    for binding in sorted(CUDA_DIR.glob("*.cpp")):
+        binding_error = check_binding(nvcc, binding)
+        print(f"{binding.name}: " + ("compiles (syntax only)" if binding_error is None
+                                     else f"FAILED\n{binding_error}"))
+        failed |= binding_error is not None
     return 1 if failed else 0
 
 

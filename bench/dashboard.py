@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history", type=Path, default=history.HISTORY_DIR)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    records = history.load(args.history)
     try:
+        records = history.load(args.history)  # a bad record file is skipped with a warning
         path = render(records, args.out)
     except ValueError as e:
         print(f"glai-bench dashboard: {e}")

@@ -6,8 +6,15 @@
 
 A record is one file, `<machine>/<date>-<commit>-<preset>.json`, so two branches adding
 records never conflict in git and a record is never edited after it is written. It is written
-to a temporary file in the same folder and renamed into place (`os.replace` is atomic on
-POSIX), so a run killed midway leaves at most a `.tmp-*` file, which `load` ignores.
+to a temporary file in the same folder and hard-linked into place under a name nobody has
+taken (`os.link` fails on an existing name, atomically, so two processes appending in the same
+second each get their own `-2`, `-3`... name), then the temporary name is removed. A run killed
+midway leaves at most a `.tmp-*` file, which `load` ignores.
+
+A file that is not a record (unreadable, not JSON, not an object, without the fields a run
+has: `REQUIRED_FIELDS`, rows with their `ROW_KEY`) is skipped by `load` with a
+`HistoryWarning` naming it and saying why, so one bad file never hides the others; a JSON
+object of another `kind` is an error naming it (something else was put in the history).
 
 Schema versions: `SCHEMA` is the version written now. `load` reads every older version by
 upgrading it step by step (`_UPGRADES`), fills measurement fields an older record lacks with
@@ -24,6 +31,7 @@ record newer than this code is skipped with a warning rather than misread.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -43,6 +51,9 @@ SCHEMA = 2
 # identify one measurement inside a record
 ROW_KEY: tuple[str, ...] = ("backend", "head", "batch", "inputs", "paths", "outputs", "dtype",
                             "pass", "device", "mu")
+# key fields a row may lack (read as None): `mu` exists only in kept-fraction rows and in
+# records written since it was added
+OPTIONAL_ROW_KEY: tuple[str, ...] = ("mu",)
 # what a record keeps of each results row (the rest is derivable or bulky)
 ROW_FIELDS: tuple[str, ...] = (
     *ROW_KEY, "sweep", "status", "correct", "winner", "median_s", "q25_s", "q75_s", "min_s",
@@ -51,6 +62,12 @@ ROW_FIELDS: tuple[str, ...] = (
 )
 RECORD_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "device", "device_name",
                                   "preset", "command", "baseline")
+# what a run's record cannot lack (non-empty strings); `rows` is required too
+REQUIRED_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "preset")
+
+
+class HistoryWarning(UserWarning):
+    """A history file skipped: the message names the file and the reason."""
 
 
 def _named_baseline(raw: dict) -> dict:
@@ -126,59 +143,156 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _create_new(path: Path, text: str) -> None:
+    """Write `text` to `path` only if no such file exists (FileExistsError otherwise)."""
+    with open(path, "x") as f:
+        try:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+    os.chmod(path, 0o644)
+
+
+def _link_new(tmp: str, folder: Path, name: str) -> Path:
+    """Hard-link `tmp` as `folder/name`, or `name-2`, `name-3`... when taken; the path used.
+
+    `os.link` refuses an existing name atomically, so concurrent writers never share one.
+    Where the file system has no hard links, an exclusive create takes the name instead and
+    the bytes are written into it (a reader may then see the file before it is whole).
+    """
+    n = 1
+    while True:
+        path = folder / (name if n == 1 else name.replace(".json", f"-{n}.json"))
+        try:
+            try:
+                os.link(tmp, path)
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+                    raise
+                _create_new(path, Path(tmp).read_text())
+            return path
+        except FileExistsError:
+            n += 1
+
+
 def append(results: dict, history_dir: Path = HISTORY_DIR) -> Path:
-    """Add one run's record to the history; returns its path. Never overwrites a record."""
+    """Add one run's record to the history; returns its path. Never overwrites a record,
+    also when other processes append the same run at the same time."""
     record = make_record(results)
     folder = history_dir / slug(record["machine"])
-    path = folder / record_name(record)
-    n = 1
-    while path.exists():  # two runs in the same second of the same commit
-        n += 1
-        path = folder / record_name(record).replace(".json", f"-{n}.json")
-    write_atomic(path, json.dumps(record, separators=(",", ":"), default=str) + "\n")
-    return path
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the history from other users
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return _link_new(tmp, folder, record_name(record))
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
-def upgrade(raw: dict) -> dict | None:
+class RecordError(ValueError):
+    """Why a file is not a readable record (becomes a HistoryWarning naming the file)."""
+
+
+def upgrade(raw: dict, path: Path | None = None) -> dict | None:
     """`raw` at the current schema; None (with a warning) when it is newer than this code."""
-    version = int(raw.get("schema", 1))
+    try:
+        version = int(raw.get("schema", 1))
+    except (TypeError, ValueError):
+        raise RecordError(f"schema {raw.get('schema')!r} is not a version number") from None
     if version > SCHEMA:
-        warnings.warn(f"history record schema {version} is newer than this code's {SCHEMA}; "
-                      f"skipped (update glai-kernels to read it)", stacklevel=3)
+        warnings.warn(f"history record {path or ''}: schema {version} is newer than this "
+                      f"code's {SCHEMA}; skipped (update glai-kernels to read it)",
+                      HistoryWarning, stacklevel=3)
         return None
     while version < SCHEMA:
-        raw = _UPGRADES[version](raw)
-        version = int(raw["schema"])
+        if version not in _UPGRADES:
+            raise RecordError(f"schema {version} is unknown (this code reads 1..{SCHEMA})")
+        try:
+            raw = _UPGRADES[version](raw)
+            version = int(raw["schema"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordError(f"its upgrade from schema {version} failed: {e!r}") from None
     return raw
 
 
+def validate(raw: dict) -> None:
+    """Raise RecordError naming the first thing `raw` (at the current schema) lacks as a run."""
+    missing = [k for k in REQUIRED_FIELDS if not isinstance(raw.get(k), str) or not raw[k]]
+    if missing:
+        raise RecordError(f"missing or empty required field(s) {', '.join(missing)}")
+    rows = raw.get("rows")
+    if not isinstance(rows, list):
+        raise RecordError(f"rows is {type(rows).__name__}, expected a list of measurements")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise RecordError(f"rows[{i}] is {type(row).__name__}, expected an object")
+        lacking = [k for k in ROW_KEY if k not in row and k not in OPTIONAL_ROW_KEY]
+        if lacking:
+            raise RecordError(f"rows[{i}] lacks {', '.join(lacking)}")
+    for k in ("ceilings", "provenance"):
+        if not isinstance(raw.get(k, {}), dict):
+            raise RecordError(f"{k} is {type(raw[k]).__name__}, expected an object")
+
+
 def parse(raw: dict, path: Path | None = None) -> Record | None:
-    raw = upgrade(raw)
+    """The Record of `raw` (a record's JSON object); None when its schema is newer than this
+    code; RecordError when it is not a run's record."""
+    raw = upgrade(raw, path)
     if raw is None:
         return None
-    rows = [{**dict.fromkeys(ROW_FIELDS), **row} for row in raw.get("rows", [])]
+    validate(raw)
+    rows = [{**dict.fromkeys(ROW_FIELDS), **row} for row in raw["rows"]]
     fields = {k: str(raw.get(k, "")) for k in RECORD_FIELDS}
     return Record(**fields, ceilings=raw.get("ceilings", {}),
                   provenance=raw.get("provenance", {}), rows=rows, path=path)
 
 
+def read(path: Path) -> Record | None:
+    """The record in `path`; None, with a HistoryWarning naming the file and the reason,
+    when it cannot be read as one. A JSON object of another kind raises ValueError."""
+    try:
+        text = path.read_text()
+        if not text.strip():
+            raise ValueError("empty file")
+        raw = json.loads(text)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        warnings.warn(f"history record {path} skipped: not readable JSON ({e})",
+                      HistoryWarning, stacklevel=3)
+        return None
+    if not isinstance(raw, dict):
+        warnings.warn(f"history record {path} skipped: {type(raw).__name__} where a JSON "
+                      f"object was expected", HistoryWarning, stacklevel=3)
+        return None
+    if "kind" in raw and raw["kind"] != KIND:
+        raise ValueError(f"{path} is not a glai-kernels history record "
+                         f"(kind {raw.get('kind')!r}, expected {KIND!r})")
+    try:
+        if "kind" not in raw:
+            raise RecordError(f"no kind (expected {KIND!r})")
+        return parse(raw, path)
+    except RecordError as e:
+        warnings.warn(f"history record {path} skipped: {e}", HistoryWarning, stacklevel=3)
+        return None
+
+
 def load(history_dir: Path = HISTORY_DIR, machine: str | None = None) -> list[Record]:
     """Every readable record under `history_dir` (optionally one machine's), oldest first.
 
-    Unfinished writes (`.tmp-*`) are ignored; a file that is not a record is an error naming it.
+    Unfinished writes (`.tmp-*`) are ignored; a file that is not a record is skipped with a
+    HistoryWarning naming it and the reason; a JSON object of another kind is a ValueError.
     """
     records = []
     for path in sorted(history_dir.glob("*/*.json")):
         if path.name.startswith(".tmp-"):
             continue
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"history record {path} is not valid JSON: {e}") from None
-        if raw.get("kind") != KIND:
-            raise ValueError(f"{path} is not a glai-kernels history record "
-                             f"(kind {raw.get('kind')!r}, expected {KIND!r})")
-        record = parse(raw, path)
+        record = read(path)
         if record is not None and (machine is None or record.machine == machine):
             records.append(record)
     return sorted(records, key=lambda r: (r.date, str(r.path)))

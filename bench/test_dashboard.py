@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench import dashboard, history
-from bench.test_history import results
+from bench.test_history import MALFORMED, results, write_malformed
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                 "google-chrome"))), None)
@@ -72,6 +72,30 @@ def test_an_empty_history_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="history is empty"):
         dashboard.render([], tmp_path / "index.html")
     assert dashboard.main(["--history", str(tmp_path), "--out", str(tmp_path / "i.html")]) == 2
+
+
+def test_the_dashboard_renders_past_malformed_records(tmp_path, capsys):
+    """Every kind of bad file in bench/test_history.py's MALFORMED at once: each is skipped
+    with a warning naming it and the page shows the good runs."""
+    hist, out = tmp_path / "history", tmp_path / "index.html"
+    for i in range(2):
+        history.append(results(commit=f"{i}" * 40, date=f"2026-11-2{i}T00:00:00+00:00"), hist)
+    bad = {str(write_malformed(hist, case)) for case in MALFORMED}
+    with pytest.warns(history.HistoryWarning) as caught:
+        assert dashboard.main(["--history", str(hist), "--out", str(out)]) == 0
+    named = {path for path in bad for w in caught if f"{path} skipped" in str(w.message)}
+    assert named == bad and len(caught) == len(bad)
+    text = out.read_text()
+    assert "2 recorded runs" in text and len(_images(text)) == 1
+    assert "(2 runs)" in capsys.readouterr().out
+
+
+def test_the_dashboard_names_a_foreign_file(tmp_path, capsys):
+    hist = tmp_path / "history"
+    history.append(results(), hist)
+    (hist / "cpu-2core" / "notes.json").write_text('{"kind": "something else"}')
+    assert dashboard.main(["--history", str(hist), "--out", str(tmp_path / "i.html")]) == 2
+    assert "notes.json is not a glai-kernels history record" in capsys.readouterr().out
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:

@@ -1,12 +1,17 @@
 """The benchmark history: records round-trip, writes are atomic even when the writer is killed,
+concurrent writers never lose a record, a bad record file is skipped with a warning naming it,
 and records stay readable as the schema grows."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import re
 import subprocess
 import sys
 import textwrap
+import types
+from pathlib import Path
 
 import pytest
 
@@ -64,18 +69,73 @@ def test_load_filters_by_machine_and_rejects_foreign_files(tmp_path):
         history.load(tmp_path)
 
 
-def test_a_failed_write_leaves_the_history_as_it_was(tmp_path, monkeypatch):
+@pytest.mark.parametrize("step", ["link", "fsync"])
+def test_a_failed_write_leaves_the_history_as_it_was(tmp_path, monkeypatch, step):
+    """`append` publishes a record by hard-linking its finished temporary file (`os.link`)."""
     kept = history.append(results(), tmp_path)
     before = kept.read_bytes()
 
     def fail(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(history.os, "replace", fail)
+    monkeypatch.setattr(history.os, step, fail)
     with pytest.raises(OSError, match="disk full"):
         history.append(results(commit="b" * 40), tmp_path)
     assert sorted(p.name for p in (tmp_path / "cpu-2core").iterdir()) == [kept.name]
     assert kept.read_bytes() == before
+
+
+def test_a_failed_replace_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    """`write_atomic` (the dashboard, the gate's files) replaces a file whole or not at all."""
+    path = tmp_path / "page.html"
+    history.write_atomic(path, "old")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(history.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        history.write_atomic(path, "new")
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert path.read_text() == "old"
+
+
+def test_without_hard_links_an_exclusive_create_takes_the_name(tmp_path, monkeypatch):
+    def no_links(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(history.os, "link", no_links)
+    a, b = history.append(results(), tmp_path), history.append(results(), tmp_path)
+    assert a != b and b.name.endswith("-2.json")
+    assert {r.path for r in history.load(tmp_path)} == {a, b}
+    assert not [p for p in a.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def _append_many(folder: str, n: int, barrier) -> None:
+    barrier.wait(timeout=60)  # all writers start together, so their appends collide
+    for _ in range(n):
+        history.append(results(), Path(folder))
+
+
+@pytest.mark.parametrize("writers", [2, 4])
+def test_concurrent_writers_never_lose_a_record(tmp_path, writers):
+    """`writers` processes x 10 appends of the same run (same second, commit and preset),
+    five times: every record is kept, under its own name."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)  # fork: no re-import per writer
+    for trial in range(5):
+        folder = tmp_path / f"trial{trial}"
+        barrier = ctx.Barrier(writers)
+        procs = [ctx.Process(target=_append_many, args=(str(folder), 10, barrier))
+                 for _ in range(writers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * writers
+        files = sorted(p.name for p in (folder / "cpu-2core").iterdir())
+        assert len(files) == writers * 10, f"trial {trial}: {len(files)} records: {files}"
+        assert len(history.load(folder)) == writers * 10
 
 
 def test_a_writer_killed_midway_leaves_the_history_intact(tmp_path):
@@ -154,6 +214,96 @@ def test_a_record_newer_than_the_code_is_skipped_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="newer than this code"):
         records = history.load(tmp_path)
     assert [r.commit for r in records] == ["a" * 40]
+
+
+def _record_text(**change) -> str:
+    raw = history.make_record(results(commit="b" * 40))
+    raw.update(change)
+    return json.dumps({k: v for k, v in raw.items() if v is not None})
+
+
+def _row_text(change) -> str:
+    raw = history.make_record(results(commit="b" * 40))
+    change(raw["rows"])
+    return json.dumps(raw)
+
+
+# file text -> the reason its warning gives
+MALFORMED = {
+    "truncated": (_record_text()[:150], "not readable JSON"),
+    "empty": ("", "empty file"),
+    "not-an-object": ("[1, 2, 3]", "list where a JSON object was expected"),
+    "null": ("null", "NoneType where a JSON object was expected"),
+    "only-its-kind": (json.dumps({"kind": history.KIND}),
+                      "missing or empty required field.*commit, date, machine, preset"),
+    "no-machine": (_record_text(machine=None), r"required field\(s\) machine"),
+    "empty-date": (_record_text(date=""), r"required field\(s\) date"),
+    "no-kind": (_record_text(kind=None), "no kind"),
+    "no-rows": (_record_text(rows=None), "rows is NoneType"),
+    "rows-not-objects": (_record_text(rows=[1, 2]), r"rows\[0\] is int"),
+    "row-without-backend": (_row_text(lambda rows: rows[1].pop("backend")),
+                            r"rows\[1\] lacks backend"),
+    "bad-schema": (_record_text(schema="two"), "schema 'two' is not a version number"),
+    "old-unknown-schema": (_record_text(schema=0), "schema 0 is unknown"),
+    "ceilings-not-object": (_record_text(ceilings=[1]), "ceilings is list"),
+    "not-utf8": (b"\xff\xfe{".decode("latin-1"), "not readable JSON"),
+}
+
+
+def write_malformed(history_dir: Path, case: str) -> Path:
+    """One bad file (MALFORMED[case]) among the records of `history_dir`."""
+    path = history_dir / "cpu-2core" / f"20261123T000000Z-{case}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = MALFORMED[case][0]
+    path.write_bytes(text.encode("latin-1") if case == "not-utf8" else text.encode())
+    return path
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_record_is_skipped_with_a_warning_naming_it(tmp_path, case):
+    good = [history.append(results(commit=c * 40), tmp_path) for c in "12"]
+    bad = write_malformed(tmp_path, case)
+    with pytest.warns(history.HistoryWarning) as caught:
+        records = history.load(tmp_path)
+    assert [r.path for r in records] == good
+    [warning] = caught
+    message = str(warning.message)
+    assert str(bad) in message and "skipped" in message
+    assert re.search(MALFORMED[case][1], message), message
+
+
+def test_python_m_bench_goes_on_past_a_bad_history(tmp_path, monkeypatch, capsys):
+    """After the kernel suite, `python -m bench` records the run and renders the dashboard
+    from the history; a malformed record there is skipped with a warning, a foreign file is
+    reported, and neither stops the run."""
+    from bench import __main__ as cli
+    from bench import dashboard, suite
+
+    hist, page = tmp_path / "history", tmp_path / "dashboard" / "index.html"
+    kept = history.append(results(commit="1" * 40), hist)
+    bad = write_malformed(hist, "truncated")
+
+    def fake_run(preset, *, out_dir, **kwargs):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").write_text(json.dumps(results(commit="2" * 40)))
+        return types.SimpleNamespace(table=[None], files=[])
+
+    monkeypatch.setattr(suite, "run", fake_run)
+    monkeypatch.setattr(history, "HISTORY_DIR", hist)
+    monkeypatch.setattr(dashboard, "OUT", page)
+    argv = ["--suite", "kernels", "--device", "cpu", "--out", str(tmp_path / "k"),
+            "--history", str(hist)]
+    with pytest.warns(history.HistoryWarning, match=re.escape(str(bad))):
+        assert cli.main(argv) == 0
+    assert "2 recorded runs" in page.read_text()
+    with pytest.warns(history.HistoryWarning):
+        assert kept.exists() and len(history.load(hist)) == 2
+
+    (hist / "cpu-2core" / "notes.json").write_text('{"kind": "something else"}')
+    with pytest.warns(history.HistoryWarning):
+        assert cli.main(argv) == 0
+    assert "notes.json is not a glai-kernels history record" in capsys.readouterr().err
+    assert len(list((hist / "cpu-2core").glob("*-quick*.json"))) == 3  # recorded anyway
 
 
 def test_the_committed_history_loads():

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
+from reference import (
+    Inputs,
+    abs_forward64,
+    abs_grads64,
+    forward64,
+    grads64,
+    make_inputs,
+    tolerance,
+)
 from reference.inputs import Gates
 from reference.verdict import judge
 
@@ -63,15 +71,21 @@ def check(
     layout: Layout = Layout(),
     tf32: bool = False,
     positive: bool = False,
+    given: Inputs | None = None,
+    dy: torch.Tensor | None = None,
 ) -> list[Mismatch]:
     """Every quantity of fn(x, act, weight, bias) that misses the float64 oracle.
 
     `grads` names the inputs that require a gradient (any subset of x, act, weight, bias);
     the others do not, so the backward computes only what is needed. An input that fn
     modifies, and an exception fn raises, are reported too.
+
+    `given` inputs (x, act, weight, bias, already in `dtype` and on `device`, in any layout)
+    replace the seeded draw of that shape, and `dy` [B, O] the seeded upstream gradient.
     """
-    data = make_inputs(batch, inputs, paths, outputs, dtype=dtype, device=device, seed=seed,
-                       gates=gates, bias=bias, positive=positive)
+    data = given if given is not None else make_inputs(
+        batch, inputs, paths, outputs, dtype=dtype, device=device, seed=seed, gates=gates,
+        bias=bias, positive=positive)
     tensors = {name: layout.apply(t) for name, t in data._asdict().items() if t is not None}
     before = {name: t.clone() for name, t in tensors.items()}
     for name, t in tensors.items():
@@ -98,8 +112,9 @@ def check(
 
     wanted = [name for name in ("x", "act", "weight", "bias") if name in grads and name in tensors]
     if wanted and y.requires_grad:
-        gen = torch.Generator().manual_seed(seed + 1)
-        dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.device, dtype)
+        if dy is None:
+            gen = torch.Generator().manual_seed(seed + 1)
+            dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.device, dtype)
         try:
             got = torch.autograd.grad(y, [tensors[n] for n in wanted], dy, allow_unused=True)
         except Exception as error:

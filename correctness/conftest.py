@@ -14,10 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 from backends_under_test import backends_under_test
+from fuzz import FUZZ_SEED_VAR, fuzz_seed
 
 from glai_kernels import registry
 
 DEVICES = ("cpu", "cuda")
+def pytest_report_header(config) -> str:
+    return (f"fuzz seed: {FUZZ_SEED_VAR}={fuzz_seed()} (set it to replay this run's "
+            f"correctness/test_properties.py cases)")
 
 
 def backend_device_params() -> list:

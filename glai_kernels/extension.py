@@ -70,7 +70,7 @@ def cpu_sources() -> list[Path]:
 
 
 def cuda_sources() -> list[Path]:
-    return [*sorted((CSRC / "cuda").glob("*.cu")), CSRC / "cuda" / "binding.cpp"]
+    return [*sorted((CSRC / "cuda").glob("*.cu")), *sorted((CSRC / "cuda").glob("*.cpp"))]
 
 
 def source_files(root: Path = CSRC) -> list[Path]:
@@ -437,3 +437,20 @@ def register_fakes() -> None:
     loaded (its TORCH_LIBRARY defines their schemas)."""
     torch.library.register_fake(f"{EXTENSION_NAME}::forward")(_forward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::backward")(_backward_fake)
+
+
+def cpu_availability(device_type: str) -> str | None:
+    """Why the extension's CPU kernels cannot run here, or None (builds on first call); the
+    availability of every backend that runs on them, dense or sparse."""
+    return build().error
+
+
+def cuda_availability(device_type: str) -> str | None:
+    """Why the extension's CUDA kernels cannot run here, or None (builds on first call); the
+    availability of every backend that runs on them, dense or sparse."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    result = build()
+    if result.error is not None:
+        return result.error
+    return None if result.with_cuda else result.cuda_reason

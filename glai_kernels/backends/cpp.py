@@ -60,10 +60,6 @@ def _workspace(s: Shape, forward: bool, grads: frozenset[str]) -> int:
     return s.batch * s.outputs * s.paths if "act" in grads else 0
 
 
-def _availability(device_type: str) -> str | None:
-    return extension.build().error
-
-
 register(Backend(
     name="cpp",
     forward=cpp_forward,
@@ -74,6 +70,6 @@ register(Backend(
     description="C++ extension: fused cache-blocked CPU kernels (AVX-512, AVX512_BF16, AVX2, "
                 "portable)",
     auto_priority=cpp_auto_priority(),
-    availability=_availability,
+    availability=extension.cpu_availability,
     workspace=_workspace,
 ))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from glai_kernels import extension
-from glai_kernels.registry import Backend, device_present, register
+from glai_kernels.registry import Backend, register
 
 
 def cuda_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -31,15 +31,6 @@ def cuda_backward(
     return extension.run_backward(dy, x, act, weight, needs, saved)
 
 
-def _availability(device_type: str) -> str | None:
-    reason = device_present(device_type)
-    if reason is not None:
-        return reason
-    result = extension.build()
-    if result.error is not None:
-        return result.error
-    return None if result.with_cuda else result.cuda_reason
-
 
 register(Backend(
     name="cuda",
@@ -49,5 +40,5 @@ register(Backend(
     description="CUDA extension: tiled GEMMs, x⊗act formed in shared memory, tensor cores "
                 "(wmma) for half types, split-K",
     auto_priority={"cuda": 20},
-    availability=_availability,
+    availability=extension.cuda_availability,
 ))

@@ -1,0 +1,226 @@
+"""The sparse CUDA kernels' logic, run on the CPU.
+
+`glai_kernels/csrc/cuda/sparse_kernels.cu` is compiled as C++ against the CUDA emulation of
+`correctness/cuda_emulation/` (a block's threads are fibers run in rounds between barriers;
+see test_cuda_emulated.py) and its four passes (forward with and without the kept group sums,
+dvalues, dx, dact) run through the C launchers the binding calls. Each is compared with the
+float64 passes over the layout (`glai_kernels/sparse/reference.py`) at the dense suite's
+tolerance for its dtype, on the absolute-sum scale, at awkward sizes: batches that are not a
+multiple of the lanes' tile (and span two tiles), K = 0 and K = 1, an output with no kept
+path, and groups, inputs and paths with more entries than a block has rows.
+
+What this checks: indexing of the layout, the batch tiles and the rows' strides, the fixed
+order reductions and their barriers, the transposed operands, the half types' conversions.
+What it cannot: the hardware (memory model, speed); the `cuda` cases of test_sparse.py do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from glai_kernels.sparse import KeptIndex, from_dense
+from glai_kernels.sparse.reference import backward64, forward64, group_sums64
+from reference import make_inputs, tolerance
+from reference.tolerance import worst_error
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "sparse_kernels.cu"
+EMULATION = Path(__file__).resolve().parent / "cuda_emulation"
+
+DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+INVALID_VALUE = 1  # cudaErrorInvalidValue
+
+
+class SparseProblem(ctypes.Structure):
+    """sparse_kernels.cuh's glai_sparse_problem."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("xt", "actt", "values", "dyt")]
+    _fields_ += [(name, ctypes.c_void_p) for name in KeptIndex._fields]
+    _fields_ += [(name, ctypes.c_int64) for name in ("batch", "inputs_count", "paths", "outputs",
+                                                     "nnz", "groups")]
+    _fields_ += [("dtype", ctypes.c_int)]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory) -> ctypes.CDLL:
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the emulated kernels")
+    work = tmp_path_factory.mktemp("sparse_cuda_emulation")
+    # the emulation needs <ucontext.h> and _Float16: a toolchain without them skips, not fails
+    probe = work / "probe.cpp"
+    probe.write_text("#include <ucontext.h>\nint main() { ucontext_t c; getcontext(&c);"
+                     " _Float16 h = 1; return static_cast<int>(h) - 1; }\n")
+    if subprocess.run([compiler, "-std=c++20", str(probe), "-o", str(work / "probe")],
+                      capture_output=True).returncode != 0:
+        pytest.skip(f"{compiler} lacks <ucontext.h> or _Float16, which the emulation uses")
+    library = work / "libglai_sparse_cuda_emulated.so"
+    done = subprocess.run(
+        [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-DGLAI_CUDA_EMULATION",
+         f"-I{EMULATION}", "-x", "c++", str(SOURCE), "-o", str(library)],
+        capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lib = ctypes.CDLL(str(library))
+    problem = ctypes.POINTER(SparseProblem)
+    signatures = {
+        "glai_sparse_forward": [problem, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
+        "glai_sparse_dvalues": [problem, ctypes.c_void_p, ctypes.c_void_p],
+        "glai_sparse_dx": [problem, ctypes.c_void_p, ctypes.c_void_p],
+        "glai_sparse_dact": [problem, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
+    }
+    for name, argtypes in signatures.items():
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = argtypes
+    return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None and t.numel() else None
+
+
+class Call:
+    """One problem's tensors, kept alive while the C side holds their pointers."""
+
+    def __init__(self, x, act, values, index: KeptIndex, dy=None):
+        self.xt, self.actt = x.t().contiguous(), act.t().contiguous()
+        self.values, self.index = values.contiguous(), index
+        self.dyt = dy.t().contiguous() if dy is not None else None
+        batch, inputs = x.shape
+        outputs, _, paths = index.shape
+        self.acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        self.struct = SparseProblem(
+            _ptr(self.xt), _ptr(self.actt), _ptr(self.values), _ptr(self.dyt),
+            *(_ptr(t) for t in index), batch, inputs, paths, outputs, index.nnz, index.groups,
+            DTYPES[x.dtype])
+
+    def ref(self):
+        return ctypes.byref(self.struct)
+
+
+def _nan(shape, dtype) -> torch.Tensor:
+    """An output buffer whose every element must be written."""
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def _kept(shape: tuple[int, int, int], keep: int, seed: int, empty_output: bool,
+          long_group: bool) -> torch.Tensor:
+    outputs, inputs, paths = shape
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(outputs * inputs * paths, dtype=torch.bool)
+    mask[torch.randperm(mask.numel(), generator=gen)[:keep]] = True
+    mask = mask.view(shape)
+    if long_group:  # output 0, path 0: every input, a group longer than any block's rows
+        mask[0, :, 0] = True
+    if empty_output:
+        mask[outputs // 2] = False
+    return mask
+
+
+# (B, I, P, O), kept entries, an output with no kept path, one group over every input.
+# Lanes: 8 for B <= 8, 16 for B <= 16, else 32 (two tiles at B = 37); rows = 256 / lanes,
+# or 1024 / lanes in a per-item pass (forward, dx, dact) with fewer than 512 blocks.
+CASES = {
+    "K0-B5": ((5, 6, 4, 3), 0, False, False),
+    "K1-B3": ((3, 5, 4, 6), 1, False, False),
+    # B = 2, not 1: a dvalue at B = 1 is one product of three normals, which can fall below
+    # float16's normal range, where no kernel could meet the tolerance's relative scale
+    "B2": ((2, 9, 5, 4), 60, False, False),
+    "B13-empty-output": ((13, 8, 7, 5), 100, True, False),
+    "B37-two-tiles": ((37, 7, 6, 4), 60, True, False),
+    "B16-long-group": ((16, 300, 3, 2), 200, False, True),
+    "B9-many-groups": ((9, 5, 70, 2), 500, False, False),
+    # 512 or more blocks: the per-item passes run 256-thread blocks, not the wide 1024 ones
+    "O520-forward-narrow": ((3, 4, 3, 520), 1500, True, False),
+    "I600-dx-narrow": ((37, 600, 3, 2), 3000, False, False),
+    "P600-dact-narrow": ((5, 3, 600, 2), 1500, False, False),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_passes_match_reference(kernels, case, dtype):
+    (batch, inputs, paths, outputs), keep, empty_output, long_group = case
+    seed = batch + inputs + paths + outputs
+    # Soft gates, except in float16 (binary there, as test_sparse.py's float16 cases): a sum
+    # of one or two products of three normals can fall below float16's normal range, where
+    # even the oracle rounded to float16 misses the relative tolerance.
+    gates = "binary" if dtype == torch.float16 else "soft"
+    data = make_inputs(batch, inputs, paths, outputs, dtype=dtype, seed=seed, gates=gates)
+    mask = _kept((outputs, inputs, paths), keep, seed, empty_output, long_group)
+    # values O(1), for the same reason: make_inputs scales the weight by 1/sqrt(I*P) so that
+    # dense sums of I*P terms stay O(1), and a sparse sum has few terms
+    weight = (data.weight.double() * (inputs * paths) ** 0.5).to(dtype)
+    sw = from_dense(weight, mask)
+    values, index = sw.values.detach(), sw.index
+    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(seed),
+                     dtype=torch.float64).to(dtype)
+    call = Call(data.x, data.act, values, index, dy)
+    x, act = data.x, data.act
+    tol = tolerance(dtype)
+
+    def check(name, got, expected, scale):
+        assert got.dtype in (dtype, call.acc), name
+        error = worst_error(got, expected, scale)
+        assert error <= tol, f"{name}: error {error:.3g} (tolerance {tol:.3g})"
+
+    abs_args = (x.abs(), act.abs(), values.abs())
+    y, zgt = _nan((batch, outputs), dtype), _nan((index.groups, batch), call.acc)
+    assert kernels.glai_sparse_forward(call.ref(), y.data_ptr(), zgt.data_ptr(), None) == 0
+    check("y", y, forward64(x, act, values, index), forward64(*abs_args, index))
+    check("Zg", zgt.t(), group_sums64(x, values, index), group_sums64(x.abs(), values.abs(),
+                                                                       index))
+    # y alone, and Zg alone: the same bits as together (each is one fixed-order sum)
+    y_only, zg_only = _nan((batch, outputs), dtype), _nan((index.groups, batch), call.acc)
+    assert kernels.glai_sparse_forward(call.ref(), y_only.data_ptr(), None, None) == 0
+    assert kernels.glai_sparse_forward(call.ref(), None, zg_only.data_ptr(), None) == 0
+    assert torch.equal(y_only, y) and torch.equal(zg_only, zgt)
+
+    expected = backward64(dy, x, act, values, index)
+    scale = backward64(dy.abs(), *abs_args, index)
+    dx, dact, dv = _nan((batch, inputs), dtype), _nan((batch, paths), dtype), _nan(
+        (index.nnz,), dtype)
+    assert kernels.glai_sparse_dx(call.ref(), dx.data_ptr(), None) == 0
+    assert kernels.glai_sparse_dact(call.ref(), zgt.data_ptr(), dact.data_ptr(), None) == 0
+    assert kernels.glai_sparse_dvalues(call.ref(), dv.data_ptr(), None) == 0
+    check("dx", dx, expected[0], scale[0])
+    check("dact", dact, expected[1], scale[1])
+    check("dvalues", dv, expected[2], scale[2])
+
+
+def test_dvalues_over_many_blocks(kernels):
+    """2000 entries at B = 16: 64 entries a block (16 rows x 4), 32 blocks, the last partial."""
+    batch, inputs, paths, outputs = 16, 40, 10, 6
+    data = make_inputs(batch, inputs, paths, outputs, seed=7, gates="soft")
+    mask = _kept((outputs, inputs, paths), 2000, 7, False, False)
+    sw = from_dense(data.weight, mask)
+    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(8))
+    call = Call(data.x, data.act, sw.values.detach(), sw.index, dy)
+    dv = _nan((sw.nnz,), torch.float32)
+    assert kernels.glai_sparse_dvalues(call.ref(), dv.data_ptr(), None) == 0
+    args = (data.x, data.act, sw.values.detach(), sw.index)
+    expected = backward64(dy, *args)[2]
+    scale = backward64(dy.abs(), *(t.abs() for t in args[:3]), sw.index)[2]
+    assert worst_error(dv, expected, scale) <= tolerance(torch.float32)
+
+
+def test_bad_launches_are_refused(kernels):
+    problem = SparseProblem()
+    problem.batch, problem.inputs_count, problem.outputs, problem.nnz = 4, 3, 1, 2
+    out = torch.empty(4)
+    # a null output with elements to write, and gradients without dy
+    assert kernels.glai_sparse_dx(ctypes.byref(problem), None, None) == INVALID_VALUE
+    assert kernels.glai_sparse_dvalues(ctypes.byref(problem), out.data_ptr(),
+                                       None) == INVALID_VALUE
+    assert kernels.glai_sparse_dx(ctypes.byref(problem), out.data_ptr(), None) == INVALID_VALUE
+    # 32 * 65536 rows need 65536 batch tiles, one more than gridDim.y allows
+    problem.batch = 32 * 65536
+    assert kernels.glai_sparse_forward(ctypes.byref(problem), out.data_ptr(), None,
+                                       None) == INVALID_VALUE
+    # a forward asked for nothing does nothing
+    assert kernels.glai_sparse_forward(ctypes.byref(problem), None, None, None) == 0

@@ -1,0 +1,360 @@
+// The sparse kept-path estimator's CUDA kernels (interface and layouts: sparse_kernels.cuh).
+//
+// Every kernel runs blocks of 256 threads (1024 for a per-item pass with few items) shaped
+// (lanes, rows): the lanes run over a tile of the batch (8, 16 or 32 wide, the smallest that
+// covers B, so a batch of 16 wastes no lane) and read the transposed operands' contiguous
+// batch rows; the rows split the work of one result element between them in a fixed stride,
+// and a shared-memory pass adds the rows' partial sums in row order. So each result element is summed by one block, in an order fixed
+// by the sizes alone: deterministic, no atomics.
+//   forward   block per (output o, batch tile): rows take o's groups g (stride rows), sum the
+//             group's entries v[k] x[b, i_k] into Zg[b, g] (kept if asked), add act[b, s_g] Zg.
+//   dx        block per (input i, batch tile): rows take i's entries (input_entries).
+//   dact      block per (path s, batch tile): rows take s's groups (path_groups), dy Zg.
+//   dvalues   each row takes 4 entries per step (grid-stride), lanes take the batch, and
+//             each entry's lane partial sums are added in lane order by one thread.
+// Index values are int32 (layout.py); every address built from them is int64.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "sparse_kernels.cuh"
+
+namespace {
+
+// nvcc launches with <<< >>>; the tests compile this file as C++ against a CPU emulation of the
+// CUDA runtime (correctness/cuda_emulation), which launches through glai_emulated_launch.
+#ifdef GLAI_CUDA_EMULATION
+#define GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, ...) \
+  glai_emulated_launch(kernel, grid, block, stream, __VA_ARGS__)
+#else
+#define GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
+#endif
+
+__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Storage type -> accumulation type (at::opmath_type's rule) and conversions; the same rule
+// as estimator_kernels.cu's (each .cu keeps its own copy in an anonymous namespace).
+template <typename T>
+struct Num;
+template <>
+struct Num<float> {
+  using acc = float;
+  __device__ static float in(float v) { return v; }
+  __device__ static float out(float v) { return v; }
+};
+template <>
+struct Num<double> {
+  using acc = double;
+  __device__ static double in(double v) { return v; }
+  __device__ static double out(double v) { return v; }
+};
+template <>
+struct Num<__half> {
+  using acc = float;
+  __device__ static float in(__half v) { return __half2float(v); }
+  __device__ static __half out(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Num<__nv_bfloat16> {
+  using acc = float;
+  __device__ static float in(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 out(float v) { return __float2bfloat16_rn(v); }
+};
+
+constexpr int kThreads = 256;
+// A per-item pass with fewer blocks than this (B1's forward: 128 outputs at B = 16) runs
+// 1024-thread blocks instead, four times the rows, so that each row's serial chain of
+// dependent loads is a quarter as long; the choice depends on the sizes alone.
+constexpr int kWideThreads = 1024;
+constexpr int64_t kFewBlocks = 512;
+// Launch bounds name the blocks per SM wanted: with the thread count alone ptxas 13 aimed at
+// full occupancy (32 registers) and spilled forward_kernel<float> on sm_90; 6 blocks of 256
+// (48 warps, up to 40 registers) keep most of the occupancy that hides the gathers' latency.
+template <int Threads>
+struct Bounds {
+  static constexpr int blocks = Threads == kThreads ? 6 : 1;
+};
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxDvalueBlocks = int64_t{1} << 20;  // grid-stride beyond this
+// dvalues: entries per row and iteration, summed over the batch together (more loads in flight)
+constexpr int kEntriesPerRow = 4;
+
+// Lanes per block over the batch: the smallest of 8, 16, 32 that covers B (32 beyond).
+int lanes_for(int64_t batch) { return batch <= 8 ? 8 : batch <= 16 ? 16 : 32; }
+
+template <typename T>
+struct Args {
+  using acc = typename Num<T>::acc;
+  const T* xt;    // [I, B]
+  const T* actt;  // [P, B]
+  const T* v;     // [K]
+  const T* dyt;   // [O, B]
+  const int32_t* inputs;
+  const int32_t* group_ptr;
+  const int32_t* group_outputs;
+  const int32_t* group_paths;
+  const int32_t* output_ptr;
+  const int32_t* input_ptr;
+  const int32_t* input_entries;
+  const int32_t* entry_groups;
+  const int32_t* path_ptr;
+  const int32_t* path_groups;
+  int64_t B, I, P, O, K, G;
+
+  // element b of row r of a transposed [rows, B] operand, in the accumulation type
+  __device__ acc at(const T* t, int32_t r, int64_t b) const {
+    return Num<T>::in(t[static_cast<int64_t>(r) * B + b]);
+  }
+};
+
+// The sum over the block's rows of each lane's `part`, added in row order; meaningful in row 0.
+// Every thread of the block must call it (it holds two barriers).
+template <typename A>
+__device__ A sum_rows(A part, A* scratch) {
+  const int lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x;
+  scratch[row * lanes + lane] = part;
+  __syncthreads();
+  A total = A(0);
+  if (row == 0) {
+    for (int r = 0; r < static_cast<int>(blockDim.y); ++r) total += scratch[r * lanes + lane];
+  }
+  __syncthreads();  // the scratch is free again
+  return total;
+}
+
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
+    forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
+  using acc = typename Num<T>::acc;
+  __shared__ acc scratch[Threads];
+  const int64_t o = blockIdx.x;
+  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  acc part = acc(0);
+  if (b < a.B) {
+    const int64_t end = a.output_ptr[o + 1];
+    for (int64_t g = a.output_ptr[o] + threadIdx.y; g < end; g += blockDim.y) {
+      acc z = acc(0);
+      const int32_t k_end = a.group_ptr[g + 1];
+#pragma unroll 4
+      for (int32_t k = a.group_ptr[g]; k < k_end; ++k) {
+        z += Num<T>::in(a.v[k]) * a.at(a.xt, a.inputs[k], b);
+      }
+      if (zgt != nullptr) zgt[g * a.B + b] = z;
+      part += a.at(a.actt, a.group_paths[g], b) * z;
+    }
+  }
+  const acc total = sum_rows(part, scratch);
+  if (y != nullptr && b < a.B && threadIdx.y == 0) y[b * a.O + o] = Num<T>::out(total);
+}
+
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
+    dx_kernel(Args<T> a, T* __restrict__ dx) {
+  using acc = typename Num<T>::acc;
+  __shared__ acc scratch[Threads];
+  const int64_t i = blockIdx.x;
+  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  acc part = acc(0);
+  if (b < a.B) {
+    const int64_t end = a.input_ptr[i + 1];
+#pragma unroll 4
+    for (int64_t j = a.input_ptr[i] + threadIdx.y; j < end; j += blockDim.y) {
+      const int32_t k = a.input_entries[j];
+      const int32_t g = a.entry_groups[k];
+      part += Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
+              a.at(a.actt, a.group_paths[g], b);
+    }
+  }
+  const acc total = sum_rows(part, scratch);
+  if (b < a.B && threadIdx.y == 0) dx[b * a.I + i] = Num<T>::out(total);
+}
+
+template <typename T, int Threads>
+__global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
+    dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
+  using acc = typename Num<T>::acc;
+  __shared__ acc scratch[Threads];
+  const int64_t s = blockIdx.x;
+  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  acc part = acc(0);
+  if (b < a.B) {
+    const int64_t end = a.path_ptr[s + 1];
+#pragma unroll 4
+    for (int64_t j = a.path_ptr[s] + threadIdx.y; j < end; j += blockDim.y) {
+      const int32_t g = a.path_groups[j];
+      part += a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
+    }
+  }
+  const acc total = sum_rows(part, scratch);
+  if (b < a.B && threadIdx.y == 0) dact[b * a.P + s] = Num<T>::out(total);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, Bounds<kThreads>::blocks)
+    dvalues_kernel(Args<T> a, T* __restrict__ dv) {
+  using acc = typename Num<T>::acc;
+  constexpr int E = kEntriesPerRow;
+  __shared__ acc scratch[E * kThreads];
+  const int lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x, rows = blockDim.y;
+  const int tid = row * lanes + lane;
+  const int64_t step = static_cast<int64_t>(rows) * E;  // entries per block and iteration
+  // the loop bound depends on the block alone, so every thread reaches every barrier
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * step; base < a.K;
+       base += static_cast<int64_t>(gridDim.x) * step) {
+    // slot e*rows + row: the rows of one e read consecutive entries (coalesced index loads),
+    // and a row's E entries are independent, so their loads are in flight together
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t k = base + e * rows + row;
+      acc part = acc(0);
+      if (k < a.K) {
+        const int32_t g = a.entry_groups[k];
+        const int32_t o = a.group_outputs[g], s = a.group_paths[g], i = a.inputs[k];
+        for (int64_t b = lane; b < a.B; b += lanes) {
+          part += a.at(a.dyt, o, b) * a.at(a.actt, s, b) * a.at(a.xt, i, b);
+        }
+      }
+      scratch[(e * rows + row) * lanes + lane] = part;
+    }
+    __syncthreads();
+    // thread t < step adds slot t's lanes in lane order and writes entry base + t (coalesced)
+    if (tid < step && base + tid < a.K) {
+      acc total = acc(0);
+      for (int l = 0; l < lanes; ++l) total += scratch[tid * lanes + l];
+      dv[base + tid] = Num<T>::out(total);
+    }
+    __syncthreads();
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+template <typename T>
+Args<T> args_of(const glai_sparse_problem& p) {
+  return {static_cast<const T*>(p.xt), static_cast<const T*>(p.actt),
+          static_cast<const T*>(p.values), static_cast<const T*>(p.dyt),
+          p.inputs, p.group_ptr, p.group_outputs, p.group_paths, p.output_ptr, p.input_ptr,
+          p.input_entries, p.entry_groups, p.path_ptr, p.path_groups,
+          p.batch, p.inputs_count, p.paths, p.outputs, p.nnz, p.groups};
+}
+
+enum class Pass { kForward, kDx, kDact, kDvalues };
+
+// The grid of a per-item pass (item = output, input or path), its block shape, and whether
+// its blocks are the wide ones (kWideThreads threads).
+bool item_grid(int64_t items, int64_t batch, dim3* grid, dim3* block, bool* wide) {
+  const int lanes = lanes_for(batch);
+  const int64_t tiles = cdiv(batch, lanes);
+  if (items > 2147483647LL || tiles > kMaxGridY) return false;
+  *wide = items * tiles < kFewBlocks;
+  *grid = dim3(static_cast<unsigned>(items), static_cast<unsigned>(tiles));
+  *block = dim3(static_cast<unsigned>(lanes),
+                static_cast<unsigned>((*wide ? kWideThreads : kThreads) / lanes));
+  return true;
+}
+
+// Launches kernel<Threads> for the block size item_grid chose.
+#define GLAI_SPARSE_LAUNCH_ITEMS(kernel, T, wide, grid, block, stream, ...) \
+  do {                                                                     \
+    if (wide) {                                                            \
+      auto* k = &kernel<T, kWideThreads>;                                  \
+      GLAI_SPARSE_LAUNCH(k, grid, block, stream, __VA_ARGS__);             \
+    } else {                                                               \
+      auto* k = &kernel<T, kThreads>;                                      \
+      GLAI_SPARSE_LAUNCH(k, grid, block, stream, __VA_ARGS__);             \
+    }                                                                      \
+  } while (0)
+
+template <typename T>
+cudaError_t launch_typed(const glai_sparse_problem& p, Pass pass, void* out, void* zgt,
+                         cudaStream_t stream) {
+  using acc = typename Num<T>::acc;
+  const Args<T> a = args_of<T>(p);
+  if (p.batch <= 0) return cudaSuccess;
+  dim3 grid, block;
+  bool wide = false;
+  switch (pass) {
+    case Pass::kForward: {
+      if (p.outputs == 0) return cudaSuccess;
+      if (!item_grid(p.outputs, p.batch, &grid, &block, &wide)) return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(forward_kernel, T, wide, grid, block, stream, a,
+                               static_cast<T*>(out), static_cast<acc*>(zgt));
+      break;
+    }
+    case Pass::kDx: {
+      if (p.inputs_count == 0) return cudaSuccess;
+      if (!item_grid(p.inputs_count, p.batch, &grid, &block, &wide))
+        return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(dx_kernel, T, wide, grid, block, stream, a, static_cast<T*>(out));
+      break;
+    }
+    case Pass::kDact: {
+      if (p.paths == 0) return cudaSuccess;
+      if (!item_grid(p.paths, p.batch, &grid, &block, &wide)) return cudaErrorInvalidValue;
+      GLAI_SPARSE_LAUNCH_ITEMS(dact_kernel, T, wide, grid, block, stream, a,
+                               static_cast<const acc*>(zgt), static_cast<T*>(out));
+      break;
+    }
+    case Pass::kDvalues: {
+      if (p.nnz == 0) return cudaSuccess;
+      const int lanes = lanes_for(p.batch), rows = kThreads / lanes;
+      const int64_t needed = cdiv(p.nnz, static_cast<int64_t>(rows) * kEntriesPerRow);
+      const int64_t blocks = needed < kMaxDvalueBlocks ? needed : kMaxDvalueBlocks;
+      auto* kernel = &dvalues_kernel<T>;
+      GLAI_SPARSE_LAUNCH(kernel, dim3(static_cast<unsigned>(blocks)),
+                         dim3(static_cast<unsigned>(lanes), static_cast<unsigned>(rows)), stream,
+                         a, static_cast<T*>(out));
+      break;
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch(const glai_sparse_problem* p, Pass pass, void* out, void* zgt,
+                   cudaStream_t stream) {
+  if (p == nullptr) return cudaErrorInvalidValue;
+  switch (p->dtype) {
+    case GLAI_FLOAT32: return launch_typed<float>(*p, pass, out, zgt, stream);
+    case GLAI_FLOAT64: return launch_typed<double>(*p, pass, out, zgt, stream);
+    case GLAI_FLOAT16: return launch_typed<__half>(*p, pass, out, zgt, stream);
+    case GLAI_BFLOAT16: return launch_typed<__nv_bfloat16>(*p, pass, out, zgt, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// A null output is refused where it would have elements to write.
+bool missing(const void* out, int64_t rows, int64_t columns) {
+  return out == nullptr && rows > 0 && columns > 0;
+}
+
+}  // namespace
+
+extern "C" cudaError_t glai_sparse_forward(const glai_sparse_problem* p, void* y, void* zgt,
+                                           cudaStream_t stream) {
+  if (p == nullptr) return cudaErrorInvalidValue;
+  if (y == nullptr && zgt == nullptr) return cudaSuccess;  // nothing asked for
+  return launch(p, Pass::kForward, y, zgt, stream);
+}
+
+extern "C" cudaError_t glai_sparse_dvalues(const glai_sparse_problem* p, void* dvalues,
+                                           cudaStream_t stream) {
+  if (p == nullptr || missing(dvalues, p->nnz, 1) || missing(p->dyt, p->outputs, p->batch))
+    return cudaErrorInvalidValue;
+  return launch(p, Pass::kDvalues, dvalues, nullptr, stream);
+}
+
+extern "C" cudaError_t glai_sparse_dx(const glai_sparse_problem* p, void* dx,
+                                      cudaStream_t stream) {
+  if (p == nullptr || missing(dx, p->batch, p->inputs_count) ||
+      missing(p->dyt, p->outputs, p->batch))
+    return cudaErrorInvalidValue;
+  return launch(p, Pass::kDx, dx, nullptr, stream);
+}
+
+extern "C" cudaError_t glai_sparse_dact(const glai_sparse_problem* p, const void* zgt,
+                                        void* dact, cudaStream_t stream) {
+  if (p == nullptr || missing(dact, p->batch, p->paths) || missing(zgt, p->groups, p->batch) ||
+      missing(p->dyt, p->outputs, p->batch))
+    return cudaErrorInvalidValue;
+  return launch(p, Pass::kDact, dact, const_cast<void*>(zgt), stream);
+}
