@@ -9,6 +9,8 @@ quick`).
     glai-bench run --preset quick --backends torch,compile --dtypes float32
     glai-bench run --suite kernels --device cpu --out /tmp/bench
     glai-bench run --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
+    glai-bench run --suite kernels --sweeps kept_fraction --heads A1,B1 --batches 16 \
+        --backends cpp,sparse:torch                 # the sparse op against the dense one
 
 The kernel suite writes results.csv, results.json, summary.md and plots/ into --out
 (default reports/bench/<device>). The pipeline suite (bench/pipeline, when present) writes
@@ -58,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
                    help="kernel benchmarks, the GLAI pipeline, or both (default: all)")
     p.add_argument("--backends", type=_names, default=None,
                    help="comma-separated backend names (default: every registered one; "
-                        "the registry's baseline backend always runs)")
+                        "the registry's baseline backend always runs); sparse:NAME names "
+                        "one of the sparse op's for the kept-fraction sweep (default: all)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present, else cpu")
     p.add_argument("--dtypes", type=_names, default=None,
@@ -76,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
                    help="timing rounds per measurement (default: the preset's)")
     p.add_argument("--min-time", type=float, default=None,
                    help="timed seconds per measurement (default: the preset's)")
+    p.add_argument("--max-call", type=float, default=None,
+                   help="seconds: a case whose roofline floor exceeds this, or a backend "
+                        "whose call takes 3x this, is skipped (default: the preset's)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.add_argument("--out", type=Path, default=None,
@@ -147,7 +153,8 @@ def run(argv: list[str]) -> int:
                                dtypes=args.dtypes, passes=args.passes, heads=args.heads,
                                batches=args.batches, sweeps=args.sweeps,
                                rounds=args.rounds,
-                               min_time_s=args.min_time, out_dir=out,
+                               min_time_s=args.min_time, max_call_s=args.max_call,
+                               out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
                                threads=args.threads,
                                command=" ".join(["glai-bench run", *argv]))

@@ -45,9 +45,10 @@ def _run_label(record_row: pd.Series) -> str:
 
 
 def _is_paper_shape(row) -> bool:
-    """The head's own I, P, O at the paper's batches (the sweeps around it vary one axis)."""
+    """The head's own I, P, O at the paper's batches (the sweeps around it vary one axis),
+    of the dense op (not a kept-fraction row, which has a `mu`)."""
     head = PAPER_HEADS.get(row.head)
-    if head is None:
+    if head is None or pd.notna(row.mu):
         return False
     shape = head.shape(1)
     return (row.batch in PAPER_BATCHES and
@@ -60,8 +61,8 @@ def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
     `df`: the history frame of one machine, dtype and pass; `runs`: that machine's runs in order
     (columns run, commit, date).
     """
-    df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs"]]
-             .itertuples(index=False)]]
+    df = df[[_is_paper_shape(r) for r in df[["head", "batch", "inputs", "paths", "outputs",
+                                             "mu"]].itertuples(index=False)]]
     heads = [h for h in PAPER_HEADS if h in set(df["head"])]
     # the backend each record's speedups are over: first, and without a speedup line
     baselines = set(df["baseline"])
@@ -109,6 +110,47 @@ def trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def kept_trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str | None:
+    """PNG data URL: the kept-fraction sweep's forward at each head's matched μ across runs,
+    ms per call, a line per backend and batch (one panel per head); None without such rows.
+
+    `df`: the history frame of one machine and dtype, kept-fraction rows (with a `mu`)."""
+    from bench.sweeps import matched_keep
+
+    df = df[(df["pass"] == "forward") & df["nnz"].notna()]
+    df = df[[n == matched_keep(PAPER_HEADS[h]) if h in PAPER_HEADS else False
+             for h, n in zip(df["head"], df["nnz"], strict=True)]]
+    heads = [h for h in PAPER_HEADS if h in set(df["head"])]
+    if not heads:
+        return None
+    backends = sorted(set(df["backend"]))
+    colors = {b: plt.get_cmap("tab10")(i % 10) for i, b in enumerate(backends)}
+    fig, axes = plt.subplots(1, len(heads), squeeze=False, figsize=(2.6 * len(heads) + 1.2, 3))
+    x_labels = [_run_label(r) for _, r in runs.iterrows()]
+    for ax, head in zip(axes[0], heads, strict=True):
+        sub = df[df["head"] == head]
+        for backend in backends:
+            for k, batch in enumerate(sorted(set(sub["batch"]))):
+                line = sub[(sub["backend"] == backend) & (sub["batch"] == batch)]
+                line = line.dropna(subset=["median_s"]).sort_values("run")
+                if not line.empty:
+                    ax.plot(line["run"], 1e3 * line["median_s"], marker="o", markersize=3,
+                            linestyle=LINESTYLES[k % len(LINESTYLES)], color=colors[backend],
+                            label=f"{backend} B={batch}")
+        ax.set_yscale("log")
+        ax.set_title(f"{head}, μ = {100 * sub['mu'].iloc[0]:.3g}%", fontsize=8)
+        ax.set_ylabel("forward, ms per call", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.set_xticks(range(len(x_labels)), x_labels, fontsize=6, rotation=90)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def _attrs(**values: object) -> str:
     return " ".join(f'data-{k}="{html.escape(str(v))}"' for k, v in values.items())
 
@@ -127,11 +169,13 @@ def latest_table(df: pd.DataFrame) -> str:
         for _, r in last.sort_values(["dtype", "pass", "head", "batch", "backend"]).iterrows():
             cls = ' class="winner"' if r["winner"] is True else ""
             time_ms = r["median_s"] * 1e3 if pd.notna(r["median_s"]) else None
+            mu_pct = 100 * r["mu"] if pd.notna(r["mu"]) else None
             out.append(
                 f"<tr {_attrs(machine=machine, dtype=r['dtype'], pass_=r['pass'])}{cls}>"
                 f"<td>{html.escape(machine)}</td><td>{r['backend']}</td><td>{r['head']}</td>"
                 f"<td>{r['batch']}</td><td>{r['inputs']}</td><td>{r['paths']}</td>"
-                f"<td>{r['outputs']}</td><td>{r['dtype']}</td><td>{r['pass']}</td>"
+                f"<td>{r['outputs']}</td><td>{_fmt(mu_pct, '.3g')}</td>"
+                f"<td>{r['dtype']}</td><td>{r['pass']}</td>"
                 f"<td>{_fmt(time_ms, '.3g')}</td><td>{_fmt(r['speedup_vs_baseline'], '.2f')}</td>"
                 f"<td>{_fmt(r['roofline_pct'], '.1f')}</td><td>{_fmt(r['gflops'], '.1f')}</td>"
                 f"<td>{html.escape(str(r['status']))}</td></tr>")
@@ -184,7 +228,7 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
         df.loc[mdf.index, "run"] = mdf["record"].map(dict(zip(runs["record"], runs["run"],
                                                             strict=True)))
         mdf = df.loc[mdf.index]
-        ok = mdf[mdf["status"] == "ok"]
+        ok = mdf[(mdf["status"] == "ok") & mdf["mu"].isna()]
         for (dtype, pass_), sub in sorted(
                 ok.groupby(["dtype", "pass"]),
                 key=lambda item: (*_order(*item[0]), *item[0])):
@@ -194,6 +238,17 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
                 f"<figcaption><h3>{html.escape(title)}</h3> {len(runs)} runs, oldest left"
                 f'</figcaption><img class="plot" alt="{html.escape(title)}" '
                 f'src="{trend_figure(sub, runs)}"></figure>')
+        kept = mdf[(mdf["status"] == "ok") & mdf["mu"].notna()]
+        for dtype, sub in kept.groupby("dtype"):
+            image = kept_trend_figure(sub, runs)
+            if image is None:
+                continue
+            title = f"{machine} · {dtype} · sparse estimator forward at the matched μ"
+            figures.append(
+                f'<figure {_attrs(machine=machine, dtype=dtype, pass_="forward")}>'
+                f"<figcaption><h3>{html.escape(title)}</h3> kept-fraction sweep, "
+                f"{len(runs)} runs, oldest left</figcaption><img class=\"plot\" "
+                f'alt="{html.escape(title)}" src="{image}"></figure>')
     values = {k: sorted(set(map(str, df[k]))) for k in ("machine", "dtype", "pass")}
     page = TEMPLATE.format(
         generated=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -232,7 +287,7 @@ matmul peak and copy bandwidth. Absolute times on shared machines are noise: rea
 <h2>Latest run, every measurement</h2>
 <p>Bold green: the fastest backend that matched the float64 oracle for that shape.</p>
 <table id="latest"><thead><tr><th>machine</th><th>backend</th><th>head</th><th>B</th><th>I</th>
-<th>P</th><th>O</th><th>dtype</th><th>pass</th><th>median ms</th><th>speedup</th>
+<th>P</th><th>O</th><th>μ %</th><th>dtype</th><th>pass</th><th>median ms</th><th>speedup</th>
 <th>% roofline</th><th>GFLOP/s</th><th>status</th></tr></thead>
 <tbody>
 {latest}

@@ -23,7 +23,10 @@ record newer than this code is skipped with a warning rather than misread.
 
 - schema 1: speedups over einsum, the one baseline then, in `speedup_vs_einsum`;
 - schema 2: the record names its `baseline` backend (the registry's) and the speedup over it
-  is `speedup_vs_baseline`; a schema-1 record reads as baseline "einsum".
+  is `speedup_vs_baseline`; a schema-1 record reads as baseline "einsum". Rows of the
+  kept-fraction sweep (bench/kept.py) carry `mu`, the kept fraction, a key field; every
+  other row, and every row of a record written before it existed, reads `mu` as None (an
+  optional field: no new schema version).
 """
 
 from __future__ import annotations
@@ -47,12 +50,15 @@ SCHEMA = 2
 
 # identify one measurement inside a record
 ROW_KEY: tuple[str, ...] = ("backend", "head", "batch", "inputs", "paths", "outputs", "dtype",
-                            "pass", "device")
+                            "pass", "device", "mu")
+# key fields a row may lack (read as None): `mu` exists only in kept-fraction rows and in
+# records written since it was added
+OPTIONAL_ROW_KEY: tuple[str, ...] = ("mu",)
 # what a record keeps of each results row (the rest is derivable or bulky)
 ROW_FIELDS: tuple[str, ...] = (
     *ROW_KEY, "sweep", "status", "correct", "winner", "median_s", "q25_s", "q75_s", "min_s",
     "gflops", "gbps", "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best",
-    "error_ratio", "peak_mem_bytes", "energy_j", "power_w",
+    "error_ratio", "peak_mem_bytes", "energy_j", "power_w", "nnz",
 )
 RECORD_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "device", "device_name",
                                   "preset", "command", "baseline")
@@ -227,7 +233,7 @@ def validate(raw: dict) -> None:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise RecordError(f"rows[{i}] is {type(row).__name__}, expected an object")
-        lacking = [k for k in ROW_KEY if k not in row]
+        lacking = [k for k in ROW_KEY if k not in row and k not in OPTIONAL_ROW_KEY]
         if lacking:
             raise RecordError(f"rows[{i}] lacks {', '.join(lacking)}")
     for k in ("ceilings", "provenance"):

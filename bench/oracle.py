@@ -83,6 +83,18 @@ class Oracle:
         return {"dx": (torch.cat(dx), torch.cat(sx)), "dact": (torch.cat(dact), torch.cat(sact)),
                 "dweight": (dweight, sweight)}
 
+    @cached_property
+    def weight_gradient(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dweight [O, I, P], its error scale) alone, as `gradients` computes them, for a
+        caller that needs no dx or dact (a training step of the path weights)."""
+        dweight = sweight = None
+        for x, act, dy in self._chunks():
+            g = torch.einsum("bo,bi,bs->ois", dy, x, act).cpu()
+            s = torch.einsum("bo,bi,bs->ois", dy.abs(), x.abs(), act.abs()).cpu()
+            dweight = g if dweight is None else dweight + g
+            sweight = s if sweight is None else sweight + s
+        return dweight, sweight
+
     def error_ratio(self, outputs: Outputs, tf32: bool = False) -> float:
         """The worst error of any output over its tolerance: <= 1 means correct.
 

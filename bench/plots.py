@@ -6,6 +6,9 @@
 - speedup_sweeps.png: speedup over the baseline along each one-axis sweep, backends × values.
 - time_vs_batch.png: median time per call against batch, one line per backend, per head.
 - fwd_bwd_split.png: forward and backward time per backend at each head, stacked.
+- kept_fraction.png: the kept-fraction sweep (bench/kept.py): time against μ per head,
+  log-log, a line per backend and batch, the MLP as a horizontal line, the crossover of
+  best sparse and best dense marked; forward and training-step panels.
 Speedup and time charts show the pass forward+backward ("both") in the first dtype of the
 run unless the run has no such pass.
 """
@@ -30,6 +33,7 @@ from glai_kernels.paper_heads import PAPER_HEADS
 
 DPI = 100
 MARKERS = {"forward": "o", "backward": "s", "both": "^", "train": "D"}
+LINESTYLES = ("-", "--", ":", "-.")
 
 
 def _colors(backends: list[str]) -> dict[str, tuple]:
@@ -280,12 +284,66 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     return path
 
 
+def kept_fraction(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
+    from bench import kept_report
+
+    rows = kept_report.kept_rows(df)
+    if rows.empty:
+        return None
+    heads = list(dict.fromkeys(rows["head"]))
+    passes = [p for p in ("forward", "step") if p in set(rows["pass"])]
+    batches = sorted(rows["batch"].unique())
+    styles = {b: LINESTYLES[k % len(LINESTYLES)] for k, b in enumerate(batches)}
+    colors = _colors([b for b in dict.fromkeys(rows["backend"]) if b != "mlp"])
+    fig, axes = plt.subplots(len(heads), len(passes), squeeze=False, layout="constrained",
+                             figsize=(5.5 * len(passes) + 2, 3.2 * len(heads) + 0.8))
+    for row, head in enumerate(heads):
+        for col, pass_ in enumerate(passes):
+            ax = axes[row][col]
+            sub = rows[(rows["head"] == head) & (rows["pass"] == pass_)]
+            for batch in batches:
+                at = sub[sub["batch"] == batch]
+                if at.empty:
+                    continue
+                for backend, g in at[at["backend"] != "mlp"].groupby("backend", sort=False):
+                    g = g.sort_values("mu")
+                    ax.plot(100 * g["mu"], 1e3 * g["median_s"], marker="o", ms=3,
+                            color=colors[backend], ls=styles[batch])
+                mlp = at[at["backend"] == "mlp"]["median_s"]
+                if len(mlp):
+                    ax.axhline(1e3 * mlp.median(), color="black", ls=styles[batch], lw=1)
+                mu, _ = kept_report.crossover(at)
+                if mu is not None:
+                    ax.axvline(100 * mu, color="red", ls=styles[batch], lw=1)
+                    ax.annotate(f"{100 * mu:.2g}%", (100 * mu, 1), xycoords=("data", "axes "
+                                "fraction"), fontsize=7, color="red", ha="left", va="top")
+            matched = sub[sub["nnz"] == kept_report.matched_keep(PAPER_HEADS[head])]["mu"]
+            if len(matched):
+                ax.axvline(100 * matched.iloc[0], color="0.6", lw=3, alpha=0.4)
+            ax.set(xscale="log", yscale="log", title=f"{head}, {pass_}",
+                   xlabel="kept fraction μ (%)", ylabel="ms per call")
+            ax.grid(True, which="both", alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker="o", ms=3, label=b) for b, c in colors.items()]
+    handles += [plt.Line2D([], [], color="black", lw=1, label="MLP (n0, n1, n2)"),
+                plt.Line2D([], [], color="red", lw=1, label="crossover: best sparse = best dense"),
+                plt.Line2D([], [], color="0.6", lw=3, alpha=0.4, label="matched μ")]
+    handles += [plt.Line2D([], [], color="gray", ls=styles[b], label=f"B = {b}")
+                for b in batches]
+    fig.legend(handles=handles, fontsize=8, loc="outside right center")
+    fig.suptitle(f"Time per call against the kept fraction μ (median; forward = estimator "
+                 f"alone, step = whole training step)\n{_subtitle(meta)}", fontsize=10)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 CHARTS = {
     "roofline.png": roofline,
     "speedup_heads.png": speedup_heads,
     "speedup_sweeps.png": speedup_sweeps,
     "time_vs_batch.png": time_vs_batch,
     "fwd_bwd_split.png": fwd_bwd_split,
+    "kept_fraction.png": kept_fraction,
 }
 
 
@@ -293,8 +351,12 @@ def write_all(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
     """Every chart the table has data for; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    # the dense op's charts read the dense op's rows; the kept-fraction sweep's (with a mu)
+    # have their own chart, and their points join the roofline
+    dense = df[df["mu"].isna()] if "mu" in df else df
     for name, chart in CHARTS.items():
-        path = chart(df, meta, out_dir / name)
+        rows = df if name in ("roofline.png", "kept_fraction.png") else dense
+        path = chart(rows, meta, out_dir / name) if not rows.empty else None
         if path is not None:
             written.append(path)
         elif (out_dir / name).exists():

@@ -24,25 +24,45 @@ from glai_kernels import registry
 from glai_kernels.contract import Shape
 
 KEY_COLUMNS: tuple[str, ...] = ("backend", "batch", "inputs", "paths", "outputs", "dtype",
-                                "pass", "device", "sweep", "head")
+                                "pass", "device", "sweep", "head", "mu")
 MEASURE_COLUMNS: tuple[str, ...] = (
     "status", "correct", "winner", "median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples",
     "calls", "first_call_s", "flops", "bytes", "gflops", "gbps", "intensity", "floor_s",
     "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best", "error_ratio", "peak_mem_bytes",
-    "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note",
+    "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note", "nnz",
 )
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + MEASURE_COLUMNS + ROW_FIELDS
-# one measurement, whichever sweeps report it
-MEASUREMENT_KEY = ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
+# one measurement, whichever sweeps report it; `mu` (the kept fraction) is empty except in
+# the kept-fraction sweep (bench/kept.py), whose rows are at a paper head's shape too
+MEASUREMENT_KEY = ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass", "device",
+                   "mu"]
 # what the backends of one run are compared over (speedups, the winner)
-COMPARISON_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device"]
+COMPARISON_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device", "mu"]
+# stands for an empty `mu` in grouping keys (pandas drops NaN keys and NaN != NaN)
+NO_MU = -1.0
+
+
+def _keyed(df: pd.DataFrame) -> pd.DataFrame:
+    """df[COMPARISON_KEY] with an empty mu as NO_MU, so the key groups and compares."""
+    keys = df[COMPARISON_KEY].copy()
+    keys["mu"] = pd.to_numeric(keys["mu"], errors="coerce").fillna(NO_MU)
+    return keys
 
 
 def _costs(row: pd.Series, ceilings: Ceilings) -> pd.Series:
-    shape = Shape(int(row["batch"]), int(row["inputs"]), int(row["paths"]), int(row["outputs"]))
-    spec = PASSES[row["pass"]]
-    itemsize = dtype_of(row["dtype"]).itemsize
-    flops, nbytes = spec.flops(shape), spec.min_bytes(shape, itemsize)
+    """FLOPs and bytes floor from the contract (a row that carries its own, as the
+    kept-fraction sweep's do, keeps them; a pass without a cost model has none), and the
+    roofline floor under `ceilings`."""
+    flops, nbytes = row.get("flops"), row.get("bytes")
+    if pd.isna(flops) or pd.isna(nbytes):
+        if row["pass"] not in PASSES or pd.notna(row.get("mu")):
+            return pd.Series({"flops": math.nan, "bytes": math.nan, "intensity": math.nan,
+                              "floor_s": math.nan, "bound": None})
+        shape = Shape(int(row["batch"]), int(row["inputs"]), int(row["paths"]),
+                      int(row["outputs"]))
+        spec = PASSES[row["pass"]]
+        itemsize = dtype_of(row["dtype"]).itemsize
+        flops, nbytes = spec.flops(shape), spec.min_bytes(shape, itemsize)
     return pd.Series({"flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
                       "floor_s": ceilings.floor_s(flops, nbytes, row["dtype"]),
                       "bound": ceilings.bound(flops, nbytes, row["dtype"])})
@@ -76,19 +96,25 @@ def table(rows: list[dict], ceilings: Ceilings, provenance: dict,
 
 def _speedup(df: pd.DataFrame, column: str, backend: str) -> pd.Series:
     """The baseline `backend`'s `column` over each row's, for the same shape, dtype and pass."""
-    baseline = (df[(df["backend"] == backend) & (df["status"] == "ok")]
-                .drop_duplicates(COMPARISON_KEY).set_index(COMPARISON_KEY)[column])
-    base = df.set_index(COMPARISON_KEY).index.map(baseline.to_dict().get)
+    keys = _keyed(df)
+    ok = (df["backend"] == backend) & (df["status"] == "ok")
+    baseline = dict(zip(map(tuple, keys[ok].to_numpy().tolist()), df.loc[ok, column],
+                        strict=True))
+    base = [baseline.get(k) for k in map(tuple, keys.to_numpy().tolist())]
     return pd.Series(base, index=df.index, dtype=float) / df[column]
 
 
 def _winners(df: pd.DataFrame) -> pd.Series:
-    """True for the fastest correct backend of each (shape, dtype, pass)."""
-    eligible = df[(df["status"] == "ok") & (df["correct"] == True)]  # noqa: E712
+    """True for the fastest correct backend of each (shape, dtype, pass, mu)."""
+    keyed = _keyed(df).assign(backend=df["backend"], median_s=df["median_s"])
+    # the MLP a GLAI head replaces (bench/kept.py) computes another function: never a winner
+    eligible = keyed[(df["status"] == "ok") & (df["correct"] == True)  # noqa: E712
+                     & (df["backend"] != "mlp")]
     fastest = eligible.loc[eligible.groupby(COMPARISON_KEY)["median_s"].idxmin()]
     keys = ["backend", *COMPARISON_KEY]
     wins = set(map(tuple, fastest[keys].to_numpy().tolist()))
-    return pd.Series([tuple(r) in wins for r in df[keys].to_numpy().tolist()], index=df.index)
+    return pd.Series([tuple(r) in wins for r in keyed[keys].to_numpy().tolist()],
+                     index=df.index)
 
 
 def write(df: pd.DataFrame, out_dir: Path, meta: dict) -> tuple[Path, Path]:

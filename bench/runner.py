@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import torch
 
 from bench import ceilings as ceilings_mod
-from bench import memory
+from bench import kept, memory
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import CHUNK_BYTES, Oracle, tf32_enabled
 from bench.passes import PASSES, PassSpec, Tensors, dtype_of, make_call
-from bench.sweeps import Case, Preset, expand
+from bench.sweeps import KEPT_PASSES, Case, Preset, expand
 from bench.timing import Timing, time_cuda, time_interleaved
 from glai_kernels import registry
 from glai_kernels.contract import Shape
@@ -60,6 +60,10 @@ class Context:
     log: Callable[[str], None] = print
     memory_fraction: float = MEMORY_FRACTION
     notes: list[str] = field(default_factory=list)
+    # the kept-fraction sweep (bench/kept.py): sparse backends to run (None: every available
+    # one) and the inputs of the (head, batch) being measured, shared across its μ
+    sparse_backends: list[str] | None = None
+    kept_inputs: object = None
 
 
 def select_backends(requested: Sequence[str] | None, device: torch.device,
@@ -271,22 +275,26 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
     """Rows (one per case × pass × backend) of raw measurements, in the cases' order."""
     from tqdm.auto import tqdm
 
-    groups: dict[tuple[Shape, str], list[Case]] = {}
+    groups: dict[tuple[Shape, str, float | None], list[Case]] = {}
     for case in cases:
-        groups.setdefault((case.shape, case.dtype), []).append(case)
+        groups.setdefault((case.shape, case.dtype, case.mu), []).append(case)
     rows = []
     bar = tqdm(groups.items(), desc="bench", unit="shape", disable=not progress)
-    for (shape, dtype_name), members in bar:
+    for (shape, dtype_name, mu), members in bar:
         bar.set_postfix_str(f"{members[0].head} B={shape.batch} I={shape.inputs} "
-                            f"P={shape.paths} O={shape.outputs} {dtype_name}")
+                            f"P={shape.paths} O={shape.outputs} {dtype_name}"
+                            + ("" if mu is None else f" mu={100 * mu:.3g}%"))
         passes = list(dict.fromkeys(p for c in members for p in c.passes))
-        measured = measure_shape(ctx, shape, dtype_name, passes)
+        if mu is None:
+            measured = measure_shape(ctx, shape, dtype_name, passes)
+        else:  # a kept-fraction case: its own backends (sparse, dense, the MLP)
+            measured = kept.measure(ctx, members[0].head, shape, dtype_name, mu, passes)
         for case in members:
-            for p in case.passes:
-                for b in ctx.backends:
+            for (p, b), m in measured.items():
+                if p in case.passes:
                     rows.append({"sweep": case.sweep, "head": case.head, "backend": b,
                                  **shape.as_dict(), "dtype": dtype_name, "pass": p,
-                                 "device": ctx.device.type, **measured[(p, b)]})
+                                 "device": ctx.device.type, "mu": mu, **m})
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         else:
@@ -307,9 +315,10 @@ def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
                              f"{', '.join(known_sweeps)}")
     for name in dtypes or ():
         dtype_of(name)
+    known_passes = list(dict.fromkeys([*PASSES, *KEPT_PASSES]))
     for name in passes or ():
-        if name not in PASSES:
-            raise ValueError(f"unknown pass {name!r}; known: {', '.join(PASSES)}")
+        if name not in known_passes:
+            raise ValueError(f"unknown pass {name!r}; known: {', '.join(known_passes)}")
     for name in heads or ():
         if name not in PAPER_HEADS:
             raise ValueError(f"unknown head {name!r}; known: {', '.join(PAPER_HEADS)}")

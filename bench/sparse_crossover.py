@@ -21,7 +21,7 @@ import time
 import torch
 
 from glai_kernels.glai import from_mlp, make_mlp, prune
-from glai_kernels.heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 
 def step_time(head, x: torch.Tensor, repeats: int) -> list[float]:

@@ -18,11 +18,13 @@ import pandas as pd
 import torch
 
 from bench import ceilings as ceilings_mod
-from bench import memory, provenance, results
+from bench import kept, memory, provenance, results
 from bench.energy import EnergyMeter
+from bench.passes import dtype_of
 from bench.runner import Context, cases_for, run_cases, select_backends
 from bench.sweeps import PRESETS, Preset
 from glai_kernels import registry
+from glai_kernels.sparse import SPARSE_ESTIMATOR
 
 
 @dataclass
@@ -57,14 +59,17 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
         batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
         rounds: int | None = None,
-        min_time_s: float | None = None, out_dir: Path | None = None,
+        min_time_s: float | None = None, max_call_s: float | None = None,
+        out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
-    `heads`/`batches`/`sweeps` keep only those cases of the preset; `rounds`/`min_time_s` override
-    its timing; `threads` sets torch's CPU threads (default: torch's choice, all cores).
+    `backends` may name the sparse op's as "sparse:NAME" (the kept-fraction sweep runs every
+    available one unless some are named); `heads`/`batches`/`sweeps` keep only those cases
+    of the preset; `rounds`/`min_time_s`/`max_call_s` override its timing and its per-call
+    limit; `threads` sets torch's CPU threads (default: torch's choice, all cores).
     """
     started = time.perf_counter()
     if threads is not None:
@@ -74,9 +79,23 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         preset = dataclasses.replace(preset, rounds=rounds)
     if min_time_s is not None:
         preset = dataclasses.replace(preset, min_time_s=min_time_s)
+    if max_call_s is not None:
+        preset = dataclasses.replace(preset, max_call_s=max_call_s)
     dev = resolve_device(device)
     cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
-    names, unavailable = select_backends(backends, dev, log)
+    # "sparse:NAME" names a backend of the sparse op, for the kept-fraction sweep
+    sparse_requested = [b.removeprefix(kept.SPARSE_PREFIX) for b in backends or ()
+                        if b.startswith(kept.SPARSE_PREFIX)]
+    for name in sparse_requested:
+        SPARSE_ESTIMATOR.get(name)  # an unknown name raises, listing the registered ones
+    dense_requested = [b for b in backends or () if not b.startswith(kept.SPARSE_PREFIX)]
+    names, unavailable = select_backends(dense_requested or None, dev, log)
+    sparse_names: list[str] = []
+    if any(c.mu is not None for c in cases):
+        kept_dtype = dtype_of(next(c.dtype for c in cases if c.mu is not None))
+        sparse_names, sparse_unavailable = kept.sparse_backends(dev, kept_dtype,
+                                                                sparse_requested or None)
+        unavailable.update(sparse_unavailable)
     info = provenance.collect(dev)
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
         hint = "; --threads 1 suffers least from it" if torch.get_num_threads() > 1 else ""
@@ -87,7 +106,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
     ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
     meter = EnergyMeter(dev)
-    ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log)
+    ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
+                  sparse_backends=sparse_requested or None)
     rows = run_cases(ctx, cases, progress=progress)
     log("measuring the ceilings again")
     ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
@@ -101,7 +121,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
                    "max_call_s": preset.max_call_s,
                    "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
                                                                  for p in c.passes})},
-        "backends": names,
+        "backends": [*names, *map(kept.sparse_label, sparse_names)],
         # what speedup_vs_baseline and speedup_best are over
         "baseline": registry.baseline().name,
         "unavailable": unavailable,

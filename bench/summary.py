@@ -2,7 +2,8 @@
 
 The machine and provenance, the measured ceilings, which backends ran (and why others did
 not), the winning backend per paper head and batch for every dtype and pass, the
-torch-vs-baseline ratio at A1 B=256, skipped and wrong measurements, and the charts.
+torch-vs-baseline ratio at A1 B=256, the kept-fraction sweep (bench/kept_report.py),
+skipped and wrong measurements, and the charts.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def _predictions() -> list[str]:
 
 def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     """The page; `charts` are the file names under plots/ to show."""
+    from bench import kept_report
+
+    kept_lines = kept_report.markdown(df, meta)
+    if "mu" in df:  # the dense op's sections read its rows; the kept-fraction sweep has its own
+        df = df[df["mu"].isna() | (df["status"].isin(["wrong", "skipped", "error"]))]
     p, c = meta["provenance"], meta["ceilings"]
     baseline = meta.get("baseline") or registry.baseline().name
     preset = meta["preset"]
@@ -142,15 +148,18 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
             t = winners_table(df, dtype, pass_)
             if t:
                 lines += [f"### {dtype}, {pass_}", "", t, ""]
-    lines += _ratio_line(df, baseline)
+    lines += _ratio_line(df[df["mu"].isna()] if "mu" in df else df, baseline)
+    lines += kept_lines
     wrong = df[df["status"] == "wrong"].drop_duplicates(
-        ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass"])
+        ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass",
+         *(["mu"] if "mu" in df else [])])
     lines += ["## Wrong results", ""]
     if wrong.empty:
         lines.append("None: every timed output matched the float64 oracle.")
     for _, r in wrong.iterrows():
+        mu = f" μ={100 * r['mu']:.3g}%" if pd.notna(r.get("mu")) else ""
         lines.append(f"- {r['backend']} {r['pass']} {r['dtype']} B={r['batch']} "
-                     f"I={r['inputs']} P={r['paths']} O={r['outputs']}: {r['note']}")
+                     f"I={r['inputs']} P={r['paths']} O={r['outputs']}{mu}: {r['note']}")
     skipped = df[df["status"].isin(["skipped", "error"])]
     lines += ["", "## Skipped or failed", ""]
     if skipped.empty:

@@ -10,6 +10,11 @@ shape once per sweep it belongs to.
 Passes (see `bench.passes`): forward; backward (all three gradients, from the forward's saved
 state); both (forward + all three gradients, one autograd call); train (forward + dweight
 only: GLAI's real training step, where the selector and backbone are frozen).
+
+A `KeptSweep` varies the kept fraction μ of a pruned estimator at each head's own shape
+instead (issue 13; `bench.kept` measures it): the sparse op's backends, the dense op on the
+masked weight and the MLP the head replaces, for the passes `forward` and `step` (a whole
+training step); its cases carry `mu`.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from glai_kernels.contract import Shape
-from glai_kernels.paper_heads import PAPER_HEADS
+from glai_kernels.paper_heads import PAPER_HEADS, PaperHead
 
 AXES: tuple[str, ...] = ("batch", "inputs", "paths", "outputs")
 ALL_PASSES: tuple[str, ...] = ("forward", "backward", "both", "train")
 PAPER_BATCHES: tuple[int, ...] = (16, 32, 256, 4096)
+# the kept-fraction sweep's passes (bench/kept.py): the estimator's forward, and a whole
+# training step (selector, estimator forward and backward, optimizer step)
+KEPT_PASSES: tuple[str, ...] = ("forward", "step")
+KEPT_MUS: tuple[float, ...] = (0.005, 0.01, 0.03, 0.10, 0.25, 0.50, 1.0)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,65 @@ class Sweep:
         return out
 
 
+def matched_keep(head: PaperHead) -> int:
+    """K, the path weights GLAI keeps at `head`'s parameter match (docs/ARCHITECTURE.md §3):
+    original MLP − reduced MLP − estimator bias, counted from real modules (on the meta
+    device: no memory, no initialisation)."""
+    from glai_kernels.glai import count_parameters, make_mlp, reduced_widths
+
+    widths = (head.n0, head.n1, head.n2)
+    original = count_parameters(make_mlp(widths, device="meta"))
+    reduced = count_parameters(make_mlp(reduced_widths(widths, head.rho), device="meta"))
+    return original - reduced - head.outputs
+
+
+def matched_mu(head: PaperHead) -> float:
+    """K / (O·I·P) at `head`'s parameter match: A1 2.96%, B1 0.86% (docs/ARCHITECTURE.md §3)."""
+    shape = head.shape(1)
+    return matched_keep(head) / (shape.outputs * shape.inputs * shape.paths)
+
+
+@dataclass(frozen=True)
+class KeptSweep:
+    """The kept fraction μ varied at each head's own estimator shape (bench/kept.py runs it).
+
+    Per head: every μ of `mus` plus the head's matched μ (`matched_mu`), at every batch of
+    `batches` plus the head's paper batch (docs/ARCHITECTURE.md §3), in `dtype`, for the
+    passes `passes` (of KEPT_PASSES).
+    """
+
+    name: str
+    heads: tuple[str, ...]
+    batches: tuple[int, ...] = (16, 256)
+    mus: tuple[float, ...] = KEPT_MUS
+    dtype: str = "float32"
+    passes: tuple[str, ...] = KEPT_PASSES
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.passes if p not in KEPT_PASSES]
+        if bad:
+            raise ValueError(f"sweep {self.name!r}: unknown passes {bad}; known: {KEPT_PASSES}")
+        unknown = [h for h in self.heads if h not in PAPER_HEADS]
+        if unknown:
+            raise ValueError(f"sweep {self.name!r}: unknown heads {unknown}; "
+                             f"known: {', '.join(PAPER_HEADS)}")
+        if not self.mus or min(self.mus) <= 0 or max(self.mus) > 1:
+            raise ValueError(f"sweep {self.name!r}: mus must be in (0, 1], got {self.mus}")
+
+    def points(self) -> list[tuple[str, Shape, float]]:
+        """(head, Shape, μ) for every head, batch and μ: heads outermost, then batches,
+        then μ ascending (the runner keeps one head and batch's inputs across its μ)."""
+        from glai_kernels.glai import paper_training
+
+        out = []
+        for head in self.heads:
+            spec = PAPER_HEADS[head]
+            batches = sorted({*self.batches, paper_training(spec).batch_size})
+            mus = sorted({*self.mus, matched_mu(spec)})
+            out += [(head, spec.shape(b), mu) for b in batches for mu in mus]
+        return out
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named set of sweeps and how to time them.
@@ -75,7 +143,7 @@ class Preset:
 
     name: str
     description: str
-    sweeps: tuple[Sweep, ...]
+    sweeps: tuple[Sweep | KeptSweep, ...]
     dtypes: tuple[str, ...]
     passes: tuple[str, ...] = ALL_PASSES
     min_time_s: float = 0.3
@@ -86,13 +154,15 @@ class Preset:
 
 @dataclass(frozen=True)
 class Case:
-    """One shape to measure at one dtype and a set of passes, with where it came from."""
+    """One shape to measure at one dtype and a set of passes, with where it came from;
+    `mu` is the kept fraction of a kept-fraction sweep's case (None for the dense op's)."""
 
     sweep: str
     head: str
     shape: Shape
     dtype: str
     passes: tuple[str, ...] = field(default=ALL_PASSES)
+    mu: float | None = None
 
 
 def _axis_sweeps(head: str, batch: int, values: dict[str, tuple[int, ...]],
@@ -129,13 +199,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         name="default",
         description="the six heads at B in {16, 32, 256, 4096} (float32) and {16, 32} "
                     "(bfloat16), all passes; one-axis sweeps of B, I, P, O around A1 at "
-                    "B = 256 (float32; forward and forward+backward)",
+                    "B = 256 (float32; forward and forward+backward); the kept fraction "
+                    "μ swept at the six heads, B in {16, 256} and the paper batch "
+                    "(sparse against dense against the MLP, forward and training step)",
         sweeps=(
             Sweep("heads", tuple(PAPER_HEADS), "batch", PAPER_BATCHES, dtypes=("float32",)),
             Sweep("heads", tuple(PAPER_HEADS), "batch", PAPER_BATCHES[:2],
                   dtypes=("bfloat16",)),
             *_axis_sweeps("A1", 256, _A1_AXES, dtypes=("float32",),
                           passes=("forward", "both")),
+            KeptSweep("kept_fraction", tuple(PAPER_HEADS)),
         ),
         dtypes=("float32", "bfloat16"),
         min_time_s=0.2,
@@ -171,6 +244,9 @@ def expand(preset: Preset, dtypes: tuple[str, ...] | None = None,
     (a sweep that names its own dtypes keeps only those also asked for)."""
     cases = []
     for sweep in preset.sweeps:
+        if isinstance(sweep, KeptSweep):
+            cases += _kept_cases(sweep, dtypes, passes)
+            continue
         sweep_dtypes = sweep.dtypes or preset.dtypes
         if dtypes is not None:
             sweep_dtypes = (tuple(d for d in sweep_dtypes if d in dtypes) if sweep.dtypes
@@ -180,3 +256,16 @@ def expand(preset: Preset, dtypes: tuple[str, ...] | None = None,
             for dtype in sweep_dtypes:
                 cases.append(Case(sweep.name, head, shape, dtype, tuple(sweep_passes)))
     return cases
+
+
+def _kept_cases(sweep: KeptSweep, dtypes: tuple[str, ...] | None,
+                passes: tuple[str, ...] | None) -> list[Case]:
+    """A kept-fraction sweep's cases: its own dtype and passes, kept only where the
+    overrides ask for them."""
+    if dtypes is not None and sweep.dtype not in dtypes:
+        return []
+    kept_passes = tuple(p for p in sweep.passes if passes is None or p in passes)
+    if not kept_passes:
+        return []
+    return [Case(sweep.name, head, shape, sweep.dtype, kept_passes, mu)
+            for head, shape, mu in sweep.points()]

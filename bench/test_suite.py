@@ -32,20 +32,21 @@ from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import Oracle
 from bench.passes import PASSES, make_call
-from bench.sweeps import PAPER_BATCHES, PRESETS, Preset, Sweep, expand
+from bench.sweeps import PAPER_BATCHES, PRESETS, KeptSweep, Preset, Sweep, expand
 from glai_kernels import registry
 from glai_kernels.contract import Shape
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import listing1_backward, listing1_forward
 
 CPU = torch.device("cpu")
-# a small real head (A2: I=769, P=64, O=4) at tiny batches: every chart has data and the
-# run takes seconds
+# a small real head (A2: I=769, P=64, O=4) at tiny batches, and the kept-fraction sweep at
+# A1, B = 16, μ = 50% and the matched 2.96%: every chart has data and the run takes seconds
 TINY = Preset(
     name="tiny",
     description="test preset",
     sweeps=(Sweep("heads", ("A2",), "batch", (2, 5)),
-            Sweep("paths@A2", ("A2",), "paths", (3, 8), batch=3)),
+            Sweep("paths@A2", ("A2",), "paths", (3, 8), batch=3),
+            KeptSweep("kept_fraction", ("A1",), batches=(16,), mus=(0.5,))),
     dtypes=("float32",),
     min_time_s=0.02,
     rounds=2,
@@ -60,6 +61,8 @@ FAST = ["einsum", "torch"]
 def test_every_sweep_varies_only_its_axis():
     for preset in PRESETS.values():
         for sweep in preset.sweeps:
+            if isinstance(sweep, KeptSweep):  # varies μ, not the shape (test_sparse_sweep.py)
+                continue
             for head, shape in sweep.shapes():
                 base = PAPER_HEADS[head].shape(sweep.batch).as_dict()
                 got = shape.as_dict()
@@ -311,8 +314,9 @@ def test_energy_arithmetic_against_a_fake_nvml(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bench")
-    output = suite.run(TINY, device="cpu", backends=FAST, out_dir=out_dir, progress=False,
-                       log=lambda _: None)
+    # the kept-fraction sweep with the sparse `torch` backend only, whatever else is available
+    output = suite.run(TINY, device="cpu", backends=[*FAST, "sparse:torch"], out_dir=out_dir,
+                       progress=False, log=lambda _: None)
     return output, out_dir
 
 
@@ -320,14 +324,22 @@ def test_csv_has_the_schema_and_one_row_per_measurement(tiny_run):
     _, out_dir = tiny_run
     df = pd.read_csv(out_dir / "results.csv")
     assert list(df.columns) == list(results.COLUMNS)
-    assert df[list(results.KEY_COLUMNS)].notna().all().all()
+    keys = [c for c in results.KEY_COLUMNS if c != "mu"]
+    assert df[keys].notna().all().all()
+    kept = df["sweep"] == "kept_fraction"
+    assert df.loc[kept, "mu"].notna().all() and df.loc[~kept, "mu"].isna().all()
     # heads: 1 head x 2 batches; paths sweep: 2 values; 4 passes; 2 backends
-    assert len(df) == (2 + 2) * 4 * 2
+    assert (~kept).sum() == (2 + 2) * 4 * 2
+    # kept fraction: 2 μ x 2 passes x (sparse:torch, dense torch, mlp)
+    assert kept.sum() == 2 * 2 * 3
     assert not df.duplicated(list(results.KEY_COLUMNS)).any()
     assert set(df["status"]) == {"ok"} and df["correct"].all()
     ok = df[df["status"] == "ok"]
     assert (ok["median_s"] > 0).all() and (ok["iqr_s"] >= 0).all()
-    assert np.allclose(ok["gflops"], ok["flops"] / ok["median_s"] / 1e9)
+    costed = ok[ok["flops"].notna()]  # a kept-fraction step row has no cost model
+    assert costed.index.equals(ok[~((ok["sweep"] == "kept_fraction")
+                                    & (ok["pass"] == "step"))].index)
+    assert np.allclose(costed["gflops"], costed["flops"] / costed["median_s"] / 1e9)
     assert np.allclose(df.loc[df["backend"] == "einsum", "speedup_vs_baseline"], 1.0)
     assert (ok["peak_mem_bytes"] > 0).all()
     assert df["energy_j"].isna().all()  # no NVML on a CPU: absent, not zero

@@ -2,7 +2,7 @@
 by the correctness suite and timed by the benchmark suite with no other edit.
 
 The file is temporary (removed in a `finally`), and everything that must discover it runs in
-a fresh process, as a contributor's `pytest` and `python -m bench` would.
+a fresh process, as a contributor's `pytest` and `glai-bench run` (`python -m bench run`) would.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_the_correctness_suite_runs_a_new_backend(toy_backend):
 
 def test_the_benchmark_suite_times_a_new_backend(toy_backend, tmp_path):
     out = tmp_path / "bench"
-    done = _run(["-m", "bench", "--preset", "quick", "--suite", "kernels", "--device", "cpu",
+    done = _run(["-m", "bench", "run", "--preset", "quick", "--suite", "kernels", "--device", "cpu",
                  "--backends", f"{toy_backend},einsum", "--heads", "A1", "--batches", "16",
                  "--dtypes", "float32", "--passes", "forward", "--sweeps", "heads",
                  "--no-history", "--no-plots", "--no-progress", "--out", str(out)],

@@ -15,11 +15,12 @@ import torch
 
 import glai_kernels.sparse as sparse
 from glai_kernels import registry
+from glai_kernels.contract import SUPPORTED_DTYPES
 from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
 from reference.tolerance import worst_error
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+DTYPES = list(SUPPORTED_DTYPES)
 DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
 
 

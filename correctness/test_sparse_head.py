@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from glai_kernels import registry
 from glai_kernels.glai import count_parameters, from_mlp, path_scores, prune
 from glai_kernels.glai.prune import SPARSE_CROSSOVER, kept_scores, to_layout
+from glai_kernels.sparse import SPARSE_ESTIMATOR
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ def test_same_function_and_same_training():
                                    rtol=1e-10, atol=1e-12)
         assert bool((d.weight.detach()[~d.weight_mask] == 0).all())
         torch.testing.assert_close(s.bias, d.bias, rtol=1e-10, atol=1e-12)
-    assert s.backend_used == "sparse:torch"
+    assert s.backend_used == f"sparse:{SPARSE_ESTIMATOR.pick_auto('cpu', torch.float64).name}"
     assert d.backend_used == registry.pick_auto("cpu", torch.float64).name
 
 

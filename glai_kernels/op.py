@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels import registry
+from glai_kernels import calls, registry
 from glai_kernels.contract import Shape, accumulation_dtype, check_inputs
 
 # Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
@@ -71,18 +71,6 @@ def _is_empty(shape: Shape) -> bool:
     return 0 in (shape.batch, shape.inputs, shape.paths, shape.outputs)
 
 
-def _checked(impl: registry.Backend, what: str, result: torch.Tensor | None,
-             shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A backend's result, contiguous, once its shape and dtype are what the contract says."""
-    if result is None or tuple(result.shape) != shape or result.dtype != dtype:
-        got = "nothing" if result is None else f"{result.dtype} {list(result.shape)}"
-        raise RuntimeError(
-            f"backend {impl.name!r} returned {got} for {what}, expected {dtype} {list(shape)}")
-    return result.contiguous()
-
-
-def _saves(impl: registry.Backend, shape: Shape, save: bool) -> bool:
-    return save and impl.forward_saving is not None and not _is_empty(shape)
 
 
 @torch.library.custom_op("glai::estimator", mutates_args=())
@@ -102,14 +90,11 @@ def estimator_op(
         # An empty sum is zero; no backend needs to see a zero-sized launch.
         y = x.new_zeros(shape.batch, shape.outputs)
     else:
-        args = (x.contiguous(), act.contiguous(), weight.contiguous())
-        if _saves(impl, shape, save):
-            y, saved = impl.forward_saving(*args)
-            saved = _checked(impl, "saved", saved, impl.saved_shape(shape),
-                             accumulation_dtype(x.dtype))
-        else:
-            y = impl.forward(*args)
-        y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
+        keep = calls.saves(impl, save, empty=False)
+        y, kept = calls.forward(impl, (x.contiguous(), act.contiguous(), weight.contiguous()),
+                                (shape.batch, shape.outputs), x.dtype,
+                                impl.saved_shape(shape) if keep else None)
+        saved = kept if kept is not None else saved
     if bias is not None:
         y = y + bias
     return y, saved
@@ -121,7 +106,7 @@ def _estimator_fake(x, act, weight, bias, backend, save=False):
     saved = x.new_empty(0)
     if backend != registry.AUTO:
         impl = registry.get(backend)
-        if _saves(impl, shape, save):
+        if calls.saves(impl, save, _is_empty(shape)):
             saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
     return x.new_empty(shape.batch, shape.outputs), saved
 
@@ -139,22 +124,10 @@ def estimator_backward_op(
     """(dx [B, I], dact [B, P], dweight [O, I, P]) for dy [B, O]; a gradient not in `needs`
     comes back as an empty tensor of shape [0] (custom ops cannot return None)."""
     shape = check_inputs(x, act, weight)
-    need_x, need_act, need_weight = (bool(n) for n in needs)
     impl = registry.resolve(backend, x.device, x.dtype)
-    if _is_empty(shape):
-        grads = (torch.zeros_like(x) if need_x else None,
-                 torch.zeros_like(act) if need_act else None,
-                 torch.zeros_like(weight) if need_weight else None)
-    else:
-        args = (dy.contiguous(), x.contiguous(), act.contiguous(), weight.contiguous(),
-                (need_x, need_act, need_weight))
-        computed = impl.backward(*args, saved=saved) if saved.numel() else impl.backward(*args)
-        grads = tuple(
-            _checked(impl, f"d{name}", g, tuple(t.shape), x.dtype) if need else None
-            for name, g, t, need in zip(("x", "act", "weight"), computed, (x, act, weight),
-                                        (need_x, need_act, need_weight), strict=True))
-    # a fresh empty tensor per missing gradient: outputs of a custom op may not alias
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)  # type: ignore[return-value]
+    return calls.backward(  # type: ignore[return-value]
+        impl, (dy.contiguous(), x.contiguous(), act.contiguous(), weight.contiguous()), saved,
+        (("x", x), ("act", act), ("weight", weight)), needs, _is_empty(shape))
 
 
 @estimator_backward_op.register_fake

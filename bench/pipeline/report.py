@@ -223,8 +223,8 @@ def figure5(frame: pd.DataFrame, path: pathlib.Path) -> None:
             labels.append({"GLAI auto": "m_t switch", "GLAI structured": "structured"}[model])
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("Figure 5 analogue: GLAI's time to convergence by phase over the original "
-                 "MLP's (epochs × least-disturbed cost per epoch; mean over seeds)\nbars: fixed "
-                 "switch, m_t switch (dotted), structured (hatched); below the dashed line = "
+                 "MLP's\n(epochs × least-disturbed cost per epoch; mean over seeds). Bars: fixed "
+                 "switch, m_t switch (dotted),\nstructured (hatched); below the dashed line = "
                  "faster than the MLP; red totals are cut off by the axis", fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)

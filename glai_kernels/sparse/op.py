@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from glai_kernels import calls
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import as_index, check_inputs
@@ -28,18 +29,6 @@ def _is_empty(shape: SparseShape) -> bool:
     return 0 in (shape.batch, shape.inputs, shape.paths, shape.outputs, shape.nnz)
 
 
-def _checked(impl: Backend, what: str, result: torch.Tensor | None,
-             shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A backend's result, contiguous, once its shape and dtype are what the contract says."""
-    if result is None or tuple(result.shape) != shape or result.dtype != dtype:
-        got = "nothing" if result is None else f"{result.dtype} {list(result.shape)}"
-        raise RuntimeError(f"sparse backend {impl.name!r} returned {got} for {what}, "
-                           f"expected {dtype} {list(shape)}")
-    return result.contiguous()
-
-
-def _saves(impl: Backend, shape: SparseShape, save: bool) -> bool:
-    return save and impl.forward_saving is not None and not _is_empty(shape)
 
 
 @torch.library.custom_op("glai::sparse_estimator", mutates_args=())
@@ -61,13 +50,10 @@ def sparse_estimator_op(
     else:
         args = (x.contiguous(), act.contiguous(), values.contiguous(),
                 as_index([t.contiguous() for t in index]))
-        if _saves(impl, shape, save):
-            y, saved = impl.forward_saving(*args)
-            saved = _checked(impl, "saved Zg", saved, impl.saved_shape(shape),
-                             accumulation_dtype(x.dtype))
-        else:
-            y = impl.forward(*args)
-        y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
+        keep = calls.saves(impl, save, empty=False)
+        y, kept = calls.forward(impl, args, (shape.batch, shape.outputs), x.dtype,
+                                impl.saved_shape(shape) if keep else None)
+        saved = kept if kept is not None else saved
     if bias is not None:
         y = y + bias
     return y, saved
@@ -79,7 +65,7 @@ def _sparse_fake(x, act, values, index, bias, backend, save):
     saved = x.new_empty(0)
     if backend != AUTO:
         impl = SPARSE_ESTIMATOR.get(backend)
-        if _saves(impl, shape, save):
+        if calls.saves(impl, save, _is_empty(shape)):
             saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
     return x.new_empty(shape.batch, shape.outputs), saved
 
@@ -98,22 +84,12 @@ def sparse_estimator_backward_op(
     """(dx [B, I], dact [B, P], dvalues [K]) for dy [B, O]; a gradient not in `needs` comes
     back as an empty tensor of shape [0] (custom ops cannot return None)."""
     shape = check_inputs(x, act, values, index, weight_name="values")
-    need_x, need_act, need_values = (bool(n) for n in needs)
-    wanted = (need_x, need_act, need_values)
     impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
-    if _is_empty(shape):
-        grads = tuple(torch.zeros_like(t) if need else None
-                      for t, need in zip((x, act, values), wanted, strict=True))
-    else:
-        args = (dy.contiguous(), x.contiguous(), act.contiguous(), values.contiguous(),
-                as_index([t.contiguous() for t in index]), wanted)
-        computed = impl.backward(*args, saved=saved) if saved.numel() else impl.backward(*args)
-        grads = tuple(
-            _checked(impl, f"d{name}", g, tuple(t.shape), x.dtype) if need else None
-            for name, g, t, need in zip(("x", "act", "values"), computed, (x, act, values),
-                                        wanted, strict=True))
-    # a fresh empty tensor per missing gradient: outputs of a custom op may not alias
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)  # type: ignore[return-value]
+    args = (dy.contiguous(), x.contiguous(), act.contiguous(), values.contiguous(),
+            as_index([t.contiguous() for t in index]))
+    return calls.backward(  # type: ignore[return-value]
+        impl, args, saved, (("x", x), ("act", act), ("values", values)), needs,
+        _is_empty(shape))
 
 
 @sparse_estimator_backward_op.register_fake

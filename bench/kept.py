@@ -1,0 +1,326 @@
+"""The kept-fraction sweep's measurements (issue 13): at one paper head's estimator shape
+(I = n0 + 1, P = ρ·n1, O = n2), batch B and kept fraction μ, in one interleaved timing round
+per pass:
+
+    sparse:<name>  every available sparse backend (glai_kernels.sparse.SPARSE_ESTIMATOR)
+                   on the K kept values
+    cpp, torch     the dense op on the masked [O, I, P] weight (those of the run's dense
+                   backends)
+    mlp            the original MLP (n0, n1, n2) the GLAI head replaces
+
+Passes: `forward` (no grad; the estimator alone, or the MLP's forward) and `step` (a whole
+training step: the GLAIHead's forward, i.e. the selector (the reduced MLP's first layer and
+its ReLU gates) and the estimator with its bias, backward to the path weights and bias, then
+Adam (weight decay 0.1) over the K values (sparse) or over the masked [O, I, P] weight with
+its gradient mask (dense); the MLP's is forward, backward and SGD (weight decay 1e-3).
+Optimizers are `glai_kernels.glai.make_optimizer`'s, fused where torch has them.
+
+Inputs, from the run's seed: a random reduced MLP (n0, P, n2) gives the selector; x [B, n0]
+and the upstream gradient dy [B, O] are Gaussian; the path weights are Gaussian; the mask is
+uniformly random with exactly K = round(μ·O·I·P) kept entries (the first K of one random
+permutation per head, so the masks of one head are nested); the estimator's bias starts at 0.
+
+Verdicts go through `reference.verdict.judge` against the float64 dense oracle on the
+masked weight (`bench.oracle.Oracle`): y, and in the step the path weights' gradient (the
+dense one masked; the sparse one at the K kept entries) before the optimizer moves them. The
+MLP's y is judged against its float64 forward, scaled by the same network on absolute
+values. Costs: a forward row carries its FLOPs and bytes floor (`SparseShape` for the
+sparse op, `Shape` for the dense one, the two GEMMs for the MLP); a step row carries none
+(its selector and optimizer are not the kernel's).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from bench import memory
+from bench.oracle import Oracle
+from bench.passes import PASSES, Tensors, dtype_of
+from glai_kernels import sparse
+from glai_kernels.contract import Shape
+from glai_kernels.glai import (
+    GLAIHead,
+    PathSelector,
+    all_paths,
+    make_mlp,
+    make_optimizer,
+    paper_training,
+)
+from glai_kernels.op import estimator
+from glai_kernels.paper_heads import PAPER_HEADS
+from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, SparseShape
+from reference.verdict import judge
+
+# the dense backends the sparse op is compared with, on the masked weight
+DENSE: tuple[str, ...] = ("cpp", "torch")
+MLP = "mlp"
+SPARSE_PREFIX = "sparse:"
+GLAI_WEIGHT_DECAY = 0.1  # docs/ARCHITECTURE.md §3: the estimator's Adam
+Outputs = dict[str, torch.Tensor]
+
+
+def sparse_label(name: str) -> str:
+    """The results table's backend name of a sparse backend ("sparse:torch")."""
+    return SPARSE_PREFIX + name
+
+
+def sparse_backends(device: torch.device, dtype: torch.dtype,
+                    requested: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(available sparse backends, {unavailable one: reason}), registration order;
+    `requested` (names without the prefix) keeps only those."""
+    run, unavailable = [], {}
+    for impl in SPARSE_ESTIMATOR.backends():
+        if requested is not None and impl.name not in requested:
+            continue
+        reason = impl.unsupported_reason(device.type, dtype)
+        if reason is None:
+            run.append(impl.name)
+        else:
+            unavailable[sparse_label(impl.name)] = reason
+    return run, unavailable
+
+
+@dataclass
+class HeadInputs:
+    """What every μ of one (head, batch) shares."""
+
+    key: tuple[str, int, str]
+    selector: PathSelector
+    x: torch.Tensor  # [B, n0]
+    x_aug: torch.Tensor  # [B, I], the constant-1 input last
+    act: torch.Tensor  # [B, P], the selector's 0/1 gates
+    dy: torch.Tensor  # [B, O]
+    weight: torch.Tensor  # [O, I, P], unmasked
+    order: torch.Tensor  # a random permutation of the O·I·P flat positions
+    mlp: torch.nn.Sequential  # the original (n0, n1, n2)
+    mlp_oracle: tuple[torch.Tensor, torch.Tensor]  # its float64 y and error scale
+    dweight: tuple[torch.Tensor, torch.Tensor] | None = None  # oracle dweight, scale
+
+
+def _mlp_oracle(mlp: torch.nn.Sequential, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, scale) in float64: y the MLP's forward, scale the same network over |x| and
+    |weights| with the gates of y's ReLUs (the sum of absolute terms)."""
+    first, last = mlp[0], mlp[-1]
+    x64 = x.detach().double()
+    w1, b1 = first.weight.detach().double(), first.bias.detach().double()
+    w2, b2 = last.weight.detach().double(), last.bias.detach().double()
+    pre = x64 @ w1.T + b1
+    gate = (pre > 0).double()
+    y = (pre * gate) @ w2.T + b2
+    scale = ((x64.abs() @ w1.abs().T + b1.abs()) * gate) @ w2.abs().T + b2.abs()
+    return y, scale
+
+
+def head_inputs(head: str, shape: Shape, dtype: torch.dtype, device: torch.device,
+                seed: int) -> HeadInputs:
+    """The seeded inputs of one (head, batch) (the module docstring says what they are)."""
+    spec = PAPER_HEADS[head]
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the MLPs' default initialisation
+    reduced = make_mlp((spec.n0, shape.paths, spec.n2))
+    units, start = all_paths((shape.paths,))
+    selector = PathSelector([reduced[0].weight], [reduced[0].bias], (0.0,), units, start)
+    selector = selector.to(device=device, dtype=dtype)
+    mlp = make_mlp((spec.n0, spec.n1, spec.n2)).to(device=device, dtype=dtype)
+    x = torch.randn(shape.batch, spec.n0, generator=gen).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        act = selector(x)
+    weight = torch.randn(shape.outputs, shape.inputs, shape.paths, generator=gen)
+    dy = torch.randn(shape.batch, shape.outputs, generator=gen)
+    order = torch.randperm(weight.numel(), generator=gen)
+    return HeadInputs((head, shape.batch, str(dtype)), selector, x,
+                      F.pad(x, (0, 1), value=1.0), act, dy.to(device=device, dtype=dtype),
+                      weight.to(device=device, dtype=dtype), order.to(device), mlp,
+                      _mlp_oracle(mlp, x))
+
+
+def kept_mask(inputs: HeadInputs, nnz: int) -> torch.Tensor:
+    """bool [O, I, P] with exactly `nnz` True entries: the first nnz of the permutation."""
+    mask = torch.zeros(inputs.weight.numel(), dtype=torch.bool, device=inputs.weight.device)
+    mask[inputs.order[:nnz]] = True
+    return mask.view(inputs.weight.shape)
+
+
+def kept_count(shape: Shape, mu: float) -> int:
+    """K = round(μ·O·I·P), at least 1."""
+    return max(1, round(mu * shape.outputs * shape.inputs * shape.paths))
+
+
+def _forward_call(label: str, inputs: HeadInputs, sw: SparsePathWeight,
+                  masked: torch.Tensor) -> Callable[[], Outputs]:
+    if label == MLP:
+        def call() -> Outputs:
+            with torch.no_grad():
+                return {"y": inputs.mlp(inputs.x)}
+    elif label.startswith(SPARSE_PREFIX):
+        name = label.removeprefix(SPARSE_PREFIX)
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                return {"y": sparse.estimator(inputs.x_aug, inputs.act, sw, backend=name)}
+    else:
+        def call() -> Outputs:
+            with torch.no_grad():
+                return {"y": estimator(inputs.x_aug, inputs.act, masked, backend=label)}
+    return call
+
+
+def _step_call(label: str, head_name: str, inputs: HeadInputs, sw: SparsePathWeight,
+               masked: torch.Tensor, mask: torch.Tensor) -> Callable[[], Outputs]:
+    """One training step; returns y and the path weights' gradient (before the step)."""
+    training = paper_training(PAPER_HEADS[head_name])
+    if label == MLP:
+        # a copy per case: its steps must not move the MLP its oracle and forward rows use
+        model = copy.deepcopy(inputs.mlp)
+        optimizer = make_optimizer("sgd", model.parameters(), lr=training.lr,
+                                   weight_decay=training.mlp_weight_decay)
+        grad_of = None
+    else:
+        bias = torch.zeros(masked.shape[0], dtype=masked.dtype, device=masked.device)
+        if label.startswith(SPARSE_PREFIX):
+            weight = SparsePathWeight(sw.values.detach(), sw.index)
+            model = GLAIHead(inputs.selector, weight, bias,
+                             backend=label.removeprefix(SPARSE_PREFIX))
+            param = model.sparse_weight.values
+        else:
+            model = GLAIHead(inputs.selector, masked, bias, mask=mask, backend=label)
+            param = model.weight
+        optimizer = make_optimizer("adam", model.parameters(), lr=training.lr,
+                                   weight_decay=GLAI_WEIGHT_DECAY)
+        grad_of = param
+
+    def call() -> Outputs:
+        y = model(inputs.x)
+        y.backward(inputs.dy)
+        out = {"y": y.detach()}
+        if grad_of is not None:
+            out["dweight"] = grad_of.grad
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return out
+    return call
+
+
+def _error_ratio(label: str, outputs: Outputs, inputs: HeadInputs, oracle: Oracle,
+                 entries: tuple[torch.Tensor, ...], mask: torch.Tensor,
+                 dtype: torch.dtype) -> float:
+    """Worst error over tolerance of a call's outputs, by `reference.verdict.judge`."""
+    if label == MLP:
+        return judge(outputs["y"], *inputs.mlp_oracle, dtype).ratio
+    worst = judge(outputs["y"], *oracle.forward["y"], dtype).ratio
+    if "dweight" in outputs:
+        expected, scale = _weight_gradient(inputs, oracle)
+        if label.startswith(SPARSE_PREFIX):  # the K kept entries, in the layout's order
+            expected, scale = expected[entries], scale[entries]
+        else:  # the gradient mask zeroes the pruned entries
+            expected, scale = expected * mask, scale * mask
+        worst = max(worst, judge(outputs["dweight"], expected, scale, dtype).ratio)
+    return worst
+
+
+def _weight_gradient(inputs: HeadInputs, oracle: Oracle) -> tuple[torch.Tensor, torch.Tensor]:
+    # dweight = sum_b dy x act does not depend on the weight: once per head and batch
+    if inputs.dweight is None:
+        inputs.dweight = oracle.weight_gradient
+    return inputs.dweight
+
+
+def _costs(label: str, shape: Shape, sshape: SparseShape, itemsize: int,
+           pass_: str) -> dict[str, float]:
+    if pass_ != "forward":
+        return {}
+    if label.startswith(SPARSE_PREFIX):
+        return {"flops": sshape.flops("forward"), "bytes": sshape.min_bytes(itemsize, "forward")}
+    spec = PASSES["forward"]
+    return {"flops": spec.flops(shape), "bytes": spec.min_bytes(shape, itemsize)}
+
+
+def _mlp_costs(head: str, batch: int, itemsize: int) -> dict[str, float]:
+    h = PAPER_HEADS[head]
+    params = h.n0 * h.n1 + h.n1 + h.n1 * h.n2 + h.n2
+    return {"flops": 2 * batch * (h.n0 * h.n1 + h.n1 * h.n2),
+            "bytes": itemsize * (params + batch * (h.n0 + h.n2))}
+
+
+def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
+            passes: list[str]) -> dict[tuple[str, str], dict]:
+    """{(pass, backend label): measurement} for one head, batch and μ (`ctx` is the
+    runner's Context; the (head, batch) inputs are kept in ctx.kept_inputs across μ)."""
+    from bench.runner import SLOW_FACTOR, _skip, _sync, _time, _timing_fields, _warm
+
+    dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    key = (head, shape.batch, str(dtype))
+    inputs = ctx.kept_inputs
+    if inputs is None or inputs.key != key:
+        ctx.kept_inputs = None  # free the previous head's tensors first
+        inputs = ctx.kept_inputs = head_inputs(head, shape, dtype, device, ctx.seed)
+    nnz = kept_count(shape, mu)
+    mask = kept_mask(inputs, nnz)
+    masked = inputs.weight * mask
+    sw = sparse.from_dense(masked, mask)
+    entries = sw.entries()
+    sshape = SparseShape(shape.batch, shape.inputs, shape.paths, shape.outputs, sw.nnz,
+                         sw.index.groups)
+    oracle = Oracle(Tensors(inputs.x_aug, inputs.act, masked, inputs.dy))
+    # an unavailable sparse backend has no rows: the run's meta names it with its reason,
+    # as it does an unavailable dense one
+    names, _ = sparse_backends(device, dtype, ctx.sparse_backends)
+    labels = [*map(sparse_label, names), *(b for b in DENSE if b in ctx.backends), MLP]
+    out: dict[tuple[str, str], dict] = {}
+    for p in passes:
+        ready: dict[str, Callable[[], object]] = {}
+        warm_s: dict[str, float] = {}
+        for label in labels:
+            costs = (_mlp_costs(head, shape.batch, itemsize) if label == MLP and p == "forward"
+                     else _costs(label, shape, sshape, itemsize, p))
+            m = out[(p, label)] = {"nnz": sw.nnz, **costs}
+            if costs and ctx.ceilings.floor_s(costs["flops"], costs["bytes"],
+                                              dtype_name) > preset.max_call_s:
+                m.update(_skip(f"roofline floor over the {preset.name} preset's limit of "
+                               f"{preset.max_call_s} s"))
+                continue
+            started = time.perf_counter()
+            try:
+                fn = (_forward_call(label, inputs, sw, masked) if p == "forward" else
+                      _step_call(label, head, inputs, sw, masked, mask))
+                start = time.perf_counter()
+                first = fn()
+                _sync(device)
+                m["first_call_s"] = time.perf_counter() - start
+                start = time.perf_counter()
+                fn()
+                _sync(device)
+                second = time.perf_counter() - start
+                if second > SLOW_FACTOR * preset.max_call_s:
+                    m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x "
+                                   f"the {preset.name} preset's limit of {preset.max_call_s} s"))
+                    continue
+                m["error_ratio"] = _error_ratio(label, first, inputs, oracle, entries, mask,
+                                                dtype)
+                m["correct"] = m["error_ratio"] <= 1.0
+                del first
+                warm = second if second >= 0.1 else _warm(fn, device)[1]
+                m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
+                ready[label], warm_s[label] = fn, warm
+            except Exception as e:  # a backend failing one case must not end the run
+                m.update(status="error", note=f"{type(e).__name__}: {e}".splitlines()[0])
+                ctx.log(f"{label} {p} {head} B={shape.batch} mu={mu:.4g} failed:\n"
+                        f"{traceback.format_exc()}")
+            finally:
+                m["measure_s"] = time.perf_counter() - started
+        for label, timing in _time(ready, warm_s, device, preset).items():
+            m = out[(p, label)]
+            m.update(status="ok" if m["correct"] else "wrong", **_timing_fields(timing))
+            m["measure_s"] += timing.total_s
+            if not m["correct"]:
+                m["note"] = f"differs from the float64 oracle ({m['error_ratio']:.3g}x tolerance)"
+    return out
+
