@@ -197,13 +197,9 @@ class _EagerSparse(torch.autograd.Function):
         else:
             x, act, values = x.contiguous(), act.contiguous(), values.contiguous()
             index = _contiguous_index(index)
-            if _saves(impl, shape, save):
-                y, saved = impl.forward_saving(x, act, values, index)
-                saved = _checked(impl, "saved Zg", saved, impl.saved_shape(shape),
-                                 accumulation_dtype(x.dtype))
-            else:
-                y = impl.forward(x, act, values, index)
-            y = _checked(impl, "y", y, (shape.batch, shape.outputs), x.dtype)
+            keep = calls.saves(impl, save, empty=False)
+            y, saved = calls.forward(impl, (x, act, values, index), (shape.batch, shape.outputs),
+                                     x.dtype, impl.saved_shape(shape) if keep else None)
         if bias is not None:
             y = y + bias
         ctx.save_for_backward(x, act, values, saved)
@@ -214,23 +210,17 @@ class _EagerSparse(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, act, values, saved = ctx.saved_tensors
-        need_x, need_act, need_values, need_bias = ctx.needs_input_grad[:4]
-        wanted = (need_x, need_act, need_values)
-        impl = ctx.impl
+        wanted = tuple(ctx.needs_input_grad[:3])
         grads: tuple = (None, None, None)
         if any(wanted):
-            if _is_empty(ctx.shape):
-                grads = tuple(torch.zeros_like(t) if need else None
-                              for t, need in zip((x, act, values), wanted, strict=True))
-            else:
-                args = (dy.contiguous(), x, act, values, ctx.index, wanted)
-                computed = (impl.backward(*args, saved=saved) if saved is not None
-                            else impl.backward(*args))
-                grads = tuple(
-                    _checked(impl, f"d{name}", g, tuple(t.shape), x.dtype) if need else None
-                    for name, g, t, need in zip(("x", "act", "values"), computed,
-                                                (x, act, values), wanted, strict=True))
-        dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype) if need_bias else None
+            args = (dy.contiguous(), x, act, values, ctx.index)
+            computed = calls.backward(
+                ctx.impl, args, saved if saved is not None else x.new_empty(0),
+                (("x", x), ("act", act), ("values", values)), wanted, _is_empty(ctx.shape))
+            grads = tuple(g if need else None for g, need in zip(computed, wanted, strict=True))
+        dbias = None
+        if ctx.needs_input_grad[3]:
+            dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
         return (*grads, dbias, None, None, None, None)
 
 
