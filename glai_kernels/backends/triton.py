@@ -650,7 +650,9 @@ def triton_backward(
 # Registration
 
 
-def _availability(device_type: str) -> str | None:
+def triton_availability(device_type: str) -> str | None:
+    """Why Triton kernels (this backend's, or the sparse op's) cannot run on a device type
+    here, or None."""
     if triton is None:
         return "triton is not installed"
     if device_type == "cpu":
@@ -681,5 +683,5 @@ register(Backend(
     description="fused Triton kernels: x⊗act tiles formed in registers, split-K, one "
                 "kernel for dx and dact (on CPU only under TRITON_INTERPRET=1)",
     auto_priority={"cuda": 30},
-    availability=_availability,
+    availability=triton_availability,
 ))

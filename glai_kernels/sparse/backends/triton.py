@@ -42,18 +42,25 @@ from dataclasses import dataclass
 
 import torch
 
-from glai_kernels.backends.triton import _jit, _on_device, _rounded, _tile
+from glai_kernels.backends.triton import (
+    _jit,
+    _on_device,
+    _pow2,
+    _rounded,
+    _tile,
+    interpreted,
+    triton_availability,
+)
 from glai_kernels.contract import accumulation_dtype
-from glai_kernels.registry import Backend, device_present
+from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
 
 try:
     import triton
     import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
 except ImportError:  # the backend still registers and says why it cannot run
-    triton = tl = InterpretedFunction = None
+    triton = tl = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -212,13 +219,6 @@ class SparseConfig:
     num_warps: int = 4
 
 
-def interpreted() -> bool:
-    """Whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import)."""
-    return InterpretedFunction is not None and isinstance(_forward_kernel, InterpretedFunction)
-
-
-def _pow2(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(n)))
 
 
 def sparse_config(batch: int, dtype: torch.dtype) -> SparseConfig:
@@ -334,27 +334,6 @@ def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
 # Registration
 
 
-def _availability(device_type: str) -> str | None:
-    if triton is None:
-        return "triton is not installed"
-    if device_type == "cpu":
-        if interpreted():
-            return None
-        return ("on CPU the triton backend runs only in Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before importing glai_kernels")
-    reason = device_present(device_type)
-    if reason is not None:
-        return reason
-    if interpreted():
-        return ("TRITON_INTERPRET=1 was set before glai_kernels was imported, so the kernels "
-                "run in Triton's CPU interpreter; unset it to run them on the GPU")
-    if torch.version.hip is not None:
-        return "ROCm is not supported: the block choices are NVIDIA's"
-    capability = torch.cuda.get_device_capability()
-    if capability < (8, 0):
-        return ("needs an NVIDIA GPU of compute capability 8.0 or newer (bfloat16 loads and "
-                f"conversions), found {capability[0]}.{capability[1]}")
-    return None
 
 
 SPARSE_ESTIMATOR.register(Backend(
@@ -368,5 +347,5 @@ SPARSE_ESTIMATOR.register(Backend(
                 "batch block), gathers for the gradients, no atomics (on CPU only under "
                 "TRITON_INTERPRET=1)",
     auto_priority={"cuda": 20},
-    availability=_availability,
+    availability=triton_availability,
 ))
