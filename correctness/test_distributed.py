@@ -13,6 +13,7 @@ nn.Module whose forward maps x [B, n0] to y [B, O]) to train another, e.g. a spa
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -35,6 +36,8 @@ LR = 0.5
 # weights' scale leaves a 1000-fold margin over 3 steps; a lost or doubled half-batch moves
 # them by ~1e-2.
 TOLERANCE = 1e-12
+# the workers take ~10 s on a loaded 2-core machine; a hang fails instead of blocking CI
+SPAWN_TIMEOUT_S = 300
 
 
 def dense_head(seed: int) -> nn.Module:
@@ -83,6 +86,11 @@ def _worker(rank: int, store: str, kind: str, out: str) -> None:
         model = DistributedDataParallel(HEADS[kind](seed=0))
         train(model, rank, WORLD)
         torch.save(_weights(model.module), f"{out}.{rank}")
+        # DDP's reducer holds the process group: freed after destroy_process_group, gloo's
+        # destructor joined threads waiting on the peer that had already exited, and the run
+        # hung (seen twice). Both ranks finish, then the model goes, then the group.
+        dist.barrier()
+        del model
     finally:
         dist.destroy_process_group()
 
@@ -94,7 +102,14 @@ def test_ddp_trains_to_the_single_process_weights(kind, tmp_path, monkeypatch):
     if sys.platform == "linux":
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback only
     out = tmp_path / "weights"
-    mp.spawn(_worker, args=(str(tmp_path / "store"), kind, str(out)), nprocs=WORLD, join=True)
+    workers = mp.spawn(_worker, args=(str(tmp_path / "store"), kind, str(out)), nprocs=WORLD,
+                       join=False)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while not workers.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail(f"the {WORLD} DDP workers did not finish in {SPAWN_TIMEOUT_S} s")
     ranks = [torch.load(f"{out}.{r}", weights_only=True) for r in range(WORLD)]
 
     single = HEADS[kind](seed=0)
