@@ -22,9 +22,30 @@ FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 def _cell(row: pd.Series) -> str:
     speedup = row["speedup_vs_baseline"]
     s = f" {speedup:.2f}×" if pd.notna(speedup) else " (baseline not measured)"
+    s += _peer_part(row)
     roof = row["roofline_pct"]
     r = f", {roof:.0f}% roof" if pd.notna(roof) else ""
     return f"**{row['backend']}**{s}{r}"
+
+
+def _peer_part(row: pd.Series) -> str:
+    """", 1.31× best peer": the winner's ratio to the fastest peer (bench/peers.py)."""
+    ratio = row.get("vs_best_peer")
+    return f", {ratio:.2f}× best peer" if pd.notna(ratio) else ""
+
+
+def _peer_lines(meta: dict) -> list[str]:
+    """What each peer is (bench/peers.py): bench-only, never chosen by auto."""
+    from bench import peers
+
+    named = [n for n in meta.get("peers", []) if peers.is_peer(n)]
+    if not meta.get("peers"):
+        return []
+    out = ["", "Peers, timed in the same run and checked against the same oracle; the "
+           "`peer:` ones are bench-only (not backends: `auto` never returns them):"]
+    out += [f"- `{n}`: {peers.PEERS[n].description}" for n in named if n in peers.PEERS]
+    out += [f"- `{n}`: the registered backend" for n in meta["peers"] if not peers.is_peer(n)]
+    return out
 
 
 def winners_table(df: pd.DataFrame, dtype: str, pass_: str) -> str | None:
@@ -132,9 +153,12 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
               "## Backends", "", f"Measured: {', '.join(meta['backends'])}."]
     for name, reason in meta["unavailable"].items():
         lines.append(f"- `{name}` unavailable on {p['device']}: {reason}")
+    lines += _peer_lines(meta)
     lines += ["", "## Winning backend per paper head", "",
               "The fastest backend whose outputs matched the float64 oracle, its speedup over "
-              f"the baseline ({baseline}) and its % of the roofline floor.", ""]
+              f"the baseline ({baseline}), its ratio to the best peer (the fastest of "
+              f"{', '.join(meta.get('peers') or ['no peer'])}: what a user would write "
+              "instead; above 1× is faster) and its % of the roofline floor.", ""]
     if (df["roofline_pct"] > 100).any():
         lines += ["A share above 100% is not an error: the roofline's compute ceiling is this "
                   "run's own `torch.mm` rate (the machine's matmul as torch reaches it), not the "
