@@ -63,7 +63,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
-        peer_names: Sequence[str] | None = None,
+        peer_names: Sequence[str] | None = None, install_dispatch: bool = False,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
@@ -72,7 +72,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     of the preset; `rounds`/`min_time_s`/`max_call_s` override its timing and its per-call
     limit; `threads` sets torch's CPU threads (default: torch's choice, all cores);
     `peer_names` the bench-only peers to time beside the backends (bench/peers.py; default:
-    the preset's).
+    the preset's). With `out_dir`, the run's dispatch table for `auto` is written to
+    out_dir/dispatch/ (bench/dispatch_table.py) and, with `install_dispatch`, copied into
+    glai_kernels/dispatch/, which the package ships.
     """
     started = time.perf_counter()
     if threads is not None:
@@ -141,6 +143,19 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     }
     output = RunOutput(table, meta)
     if out_dir is not None:
+        from bench import dispatch_table
+
+        built = dispatch_table.build(table, meta)
+        if built is not None:
+            dispatch, evaluation = built
+            path = dispatch_table.write(dispatch, out_dir)
+            meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
+            output.files.append(path)
+            if install_dispatch:
+                installed = dispatch_table.install(path)
+                meta["dispatch"]["installed"] = str(installed.relative_to(
+                    installed.parents[2]))
+                output.files.append(installed)
         output.files.extend(results.write(table, out_dir, meta))
         if plots:
             from bench import plots as plots_mod

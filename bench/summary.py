@@ -173,6 +173,9 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
             if t:
                 lines += [f"### {dtype}, {pass_}", "", t, ""]
     lines += _ratio_line(df[df["mu"].isna()] if "mu" in df else df, baseline)
+    from bench import dispatch_table
+
+    lines += dispatch_table.markdown(meta)
     lines += kept_lines
     wrong = df[df["status"] == "wrong"].drop_duplicates(
         ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass",
