@@ -104,19 +104,21 @@ def _priority_pick(device_type: str, dtype: str, ran: list[str]) -> str | None:
 def evaluate(measured: dict[CaseKey, dict[str, float]], table: Table, device_type: str,
              ran: list[str]) -> dict:
     """{rule: {"within": n, "cases": m}} for the table (in sample and held out) and the
-    priorities; a rule whose pick was not measured correct on a case misses it."""
+    priorities; a rule whose pick was not measured correct on a case misses it, and the
+    table's rules fall back to the priorities where they have no entry, as auto does."""
     counts = {rule: {"within": 0, "cases": 0} for rule in ("table", "held_out", "priorities")}
     misses: list[str] = []
     for key, medians in measured.items():
         dtype, mode, b, i, p, o = key
         best = min(medians.values())
         call = Call(mode, b, i, p, o)
+        priority = _priority_pick(device_type, dtype, ran)
+        # as auto does: a table without an entry for the dtype and mode leaves the priorities
         others = {k: v for k, v in measured.items() if k != key}
-        held = (_table(entries(others), table.machine_kind).lookup(dtype, call) if others
-                else None)
-        picks = {"table": table.lookup(dtype, call),
-                 "held_out": held,
-                 "priorities": _priority_pick(device_type, dtype, ran)}
+        held = _table(entries(others), table.machine_kind).lookup(dtype, call)
+        picks = {"table": table.lookup(dtype, call) or priority,
+                 "held_out": held or priority,
+                 "priorities": priority}
         for rule, pick in picks.items():
             name = pick.winner if isinstance(pick, Entry) else pick
             if name is None:

@@ -61,14 +61,17 @@ def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype,
 
 
 def auto_call(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
-              backend: str | None) -> dispatch.Call | None:
-    """What "auto" is told of a call (its mode and shape), or None where it cannot use it:
-    a named backend, or inside torch.compile, whose graph keeps one backend for every batch
-    (the priorities choose it)."""
-    if backend not in (None, registry.AUTO) or torch.compiler.is_compiling():
+              backend: str | None, device_type: str) -> dispatch.Call | None:
+    """What "auto" is told of a call (its mode and shape, as a plain tuple in `Call`'s
+    order: this runs on every call), or None where it cannot use it: a named backend, or
+    inside torch.compile, whose graph keeps one backend for every batch (the priorities
+    choose it), or on a machine kind without a dispatch table (the same priorities)."""
+    if ((backend is not None and backend != registry.AUTO) or torch.compiler.is_compiling()
+            or not dispatch.has_table(device_type)):
         return None
-    return dispatch.Call(dispatch.call_mode(x, act, weight), x.shape[0], x.shape[1],
-                         act.shape[1], weight.shape[0])
+    batch, inputs = x.shape
+    return (dispatch.call_mode(x, act, weight), batch, inputs, act.shape[1],  # type: ignore[return-value]
+            weight.shape[0])
 
 
 def backend_for(x: torch.Tensor, backend: str | None = None) -> str:
@@ -311,7 +314,9 @@ def estimator(
         # cast here, not only in the op, so the checks and the backend see the dtype it runs
         x, act, weight, bias = autocast_inputs((x, act, weight, bias), x.device.type, dtype)
     check_inputs(x, act, weight, bias)
-    name = resolved_name(backend, x.device, x.dtype, auto_call(x, act, weight, backend))
+    device = x.device
+    name = resolved_name(backend, device, x.dtype, auto_call(x, act, weight, backend,
+                                                             device.type))
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = estimator_op(x, act, weight, bias, name, save)
     return y

@@ -18,7 +18,8 @@ of batch plus size classes away); with no entry for its dtype and mode, no table
 machine kind, or a winner that cannot run here, `auto` falls back to the priorities.
 
 Cost: the table is read once per process and each distinct call shape is looked up once
-(`_PICKS` caches the answer), so a call pays one dict lookup (bench/NOTES.md measures it).
+(`_PICKS` caches the answer), so a call pays a few dict lookups; on a machine kind without a
+table the op does not even build the call's key (`has_table`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ _PICKS_MAX = 4096
 
 
 class Call(NamedTuple):
-    """What `auto` knows of one estimator call beyond its device and dtype."""
+    """What `auto` knows of one estimator call beyond its device and dtype. A plain tuple
+    of the same fields is taken too (the op builds one per call: cheaper)."""
 
     mode: str  # one of MODES
     batch: int
@@ -57,10 +59,9 @@ def call_mode(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> str:
     "train" when only weight needs one, else "both"."""
     if not torch.is_grad_enabled():
         return "forward"
-    data = x.requires_grad or act.requires_grad
-    if weight.requires_grad and not data:
-        return "train"
-    return "both" if data else "forward"
+    if x.requires_grad or act.requires_grad:
+        return "both"
+    return "train" if weight.requires_grad else "forward"
 
 
 def batch_bucket(batch: int) -> int:
@@ -217,6 +218,19 @@ def table_for(device_type: str, threads: int | None = None) -> Table | None:
 
 
 _PICKS: dict[tuple, tuple[str | None, str]] = {}
+_HAS_TABLE: dict[tuple[str, int], bool] = {}
+
+
+def has_table(device_type: str) -> bool:
+    """Whether this machine kind ships a table (cached: the op asks on every call, so a
+    machine without one pays a dict lookup, not a call shape)."""
+    where = (device_type, torch.get_num_threads() if device_type == "cpu"
+             else torch.cuda.current_device() if device_type == "cuda" else 0)
+    known = _HAS_TABLE.get(where)
+    if known is None:
+        known = _HAS_TABLE[where] = (device_type in ("cpu", "cuda")
+                                     and table_for(device_type) is not None)
+    return known
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -230,10 +244,12 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
     Cached per (op, device type, thread count, dtype, call): after the first call of a
     shape this is one dict lookup."""
     threads = torch.get_num_threads() if device_type == "cpu" else 0
-    key = (op, device_type, threads, dtype, call)
+    key = (op, device_type, threads, torch.cuda.current_device() if device_type == "cuda"
+           else 0, dtype, call)
     hit = _PICKS.get(key)
     if hit is not None:
         return hit
+    call = Call(*call)
     table = table_for(device_type, threads) if op == "estimator" else None
     if table is None:
         answer: tuple[str | None, str] = (None, "no dispatch table for "
@@ -254,3 +270,4 @@ def clear_cache() -> None:
     """Forget the tables read and the picks made (tests swap TABLE_DIR)."""
     _load.cache_clear()
     _PICKS.clear()
+    _HAS_TABLE.clear()
