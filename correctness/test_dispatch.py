@@ -167,3 +167,13 @@ def test_shipped_tables_load_and_name_registered_backends():
         for entry in table.entries:
             assert entry.mode in dispatch.MODES
             assert entry.winner in registry.names()
+
+
+def test_backend_for_follows_the_table_when_told_the_call(spies, table_dir):
+    from glai_kernels.op import backend_for
+
+    table_dir([_entry("spy_low", 4, mode="train")])
+    x, act, weight = _args()
+    assert backend_for(x, None, act, weight) == "spy_low"
+    assert backend_for(x) == "spy_high"  # no call shape: the priorities
+    assert backend_for(x, "spy_high", act, weight) == "spy_high"

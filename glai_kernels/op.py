@@ -74,13 +74,18 @@ def auto_call(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
             weight.shape[0])
 
 
-def backend_for(x: torch.Tensor, backend: str | None = None) -> str:
+def backend_for(x: torch.Tensor, backend: str | None = None,
+                act: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> str:
     """The backend name an `estimator` call with first argument `x` runs on: `resolved_name`
-    for x's device and the dtype the call runs in (the autocast dtype inside a region)."""
+    for x's device and the dtype the call runs in (the autocast dtype inside a region).
+    With the call's `act` and `weight`, "auto" follows the dispatch table for its mode and
+    shape as `estimator` does; without them, the priorities."""
     dtype = autocast_dtype(x.device.type)
     if dtype is None or not x.is_floating_point() or x.dtype == torch.float64:
         dtype = x.dtype
-    return resolved_name(backend, x.device, dtype)
+    call = (auto_call(x, act, weight, backend, x.device.type)
+            if act is not None and weight is not None else None)
+    return resolved_name(backend, x.device, dtype, call)
 
 
 def _is_empty(shape: Shape) -> bool:
