@@ -256,9 +256,10 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
                                           f"{machine_kind(device_type, threads)}")
     else:
         entry = table.lookup(_dtype_name(dtype), call)
-        answer = ((None, f"{table.source}: no entry for {_dtype_name(dtype)} {call.mode}")
+        name = Path(table.source).name or table.machine_kind
+        answer = ((None, f"{name} has no cell for {_dtype_name(dtype)} {call.mode}")
                   if entry is None else
-                  (entry.winner, f"{table.source}: {entry.dtype} {entry.mode} B<="
+                  (entry.winner, f"{name}: cell {entry.dtype} {entry.mode} B<="
                                  f"{entry.batch_bucket} size 2^{entry.size_class}"))
     if len(_PICKS) >= _PICKS_MAX:
         _PICKS.clear()
