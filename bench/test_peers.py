@@ -107,3 +107,12 @@ def test_summary_winner_cell_shows_the_best_peer_ratio():
                  _row("peer:einsum", 2.0)])
     text = summary.winners_table(df, "float32", "both")
     assert "**cpp** 10.00×, 2.00× best peer" in text
+
+
+def test_summary_peer_table_lists_every_backend():
+    df = _table([_row("einsum", 10.0), _row("torch", 4.0), _row("cpp", 1.0),
+                 _row("peer:einsum", 2.0), _row("peer:max-autotune", 8.0)])
+    text = summary.peer_table(df, "float32", "both")
+    assert "| head | B | best peer | einsum | torch | cpp |" in text
+    assert "| A1 | 16 | peer:einsum 2 ms | 0.20× | 0.50× | 2.00× |" in text
+    assert summary.peer_table(df, "float32", "forward") is None
