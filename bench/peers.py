@@ -76,8 +76,10 @@ def _max_autotune() -> PeerFn:
                              fullgraph=True)
 
     def run(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # fullgraph: running out of graphs is an error, never a silent eager fallback
-        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+        # fullgraph: running out of graphs is an error, never a silent eager fallback; the
+        # autotuner's per-GEMM tables would bury the run's log, so they are not printed
+        with (torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT),
+              torch._inductor.config.patch(autotune_num_choices_displayed=0)):
             return compiled(x, act, weight)
 
     return run
