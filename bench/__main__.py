@@ -62,6 +62,15 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated backend names (default: every registered one; "
                         "the registry's baseline backend always runs); sparse:NAME names "
                         "one of the sparse op's for the kept-fraction sweep (default: all)")
+    p.add_argument("--peers", type=lambda t: [] if t.strip() == "none" else _names(t),
+                   default=None,
+                   help="comma-separated bench-only peers to time beside the backends "
+                        "(einsum, max-autotune; bench/peers.py), or none (default: the "
+                        "preset's; the torch backend is always a peer)")
+    p.add_argument("--install-dispatch", action="store_true",
+                   help="copy the run's dispatch table for auto (written to "
+                        "OUT/dispatch/<machine kind>.json) into glai_kernels/dispatch/, "
+                        "which the package ships")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present, else cpu")
     p.add_argument("--dtypes", type=_names, default=None,
@@ -155,7 +164,8 @@ def run(argv: list[str]) -> int:
                                min_time_s=args.min_time, max_call_s=args.max_call,
                                out_dir=out,
                                plots=not args.no_plots, progress=not args.no_progress,
-                               threads=args.threads,
+                               threads=args.threads, peer_names=args.peers,
+                               install_dispatch=args.install_dispatch,
                                command=" ".join(["glai-bench run", *argv]))
         except ValueError as e:
             print(f"glai-bench run: {e}", file=sys.stderr)

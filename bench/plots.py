@@ -2,8 +2,10 @@
 
 - roofline.png: achieved GFLOP/s against arithmetic intensity, every backend's points
   under this run's measured ceilings (one panel per dtype).
-- speedup_heads.png: speedup over the baseline backend, heads × batch, one heatmap per backend.
-- speedup_sweeps.png: speedup over the baseline along each one-axis sweep, backends × values.
+- speedup_heads.png: speedup over the baseline backend, heads × batch, one heatmap per
+  backend; below it, when peers ran (bench/peers.py), the ratio to the best peer.
+- speedup_sweeps.png: speedup over the baseline along each one-axis sweep, backends × values;
+  beside it, when peers ran, the ratio to the best peer.
 - time_vs_batch.png: median time per call against batch, one line per backend, per head.
 - fwd_bwd_split.png: forward and backward time per backend at each head, stacked.
 - kept_fraction.png: the kept-fraction sweep (bench/kept.py): time against μ per head,
@@ -28,6 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm, TwoSlopeNorm
 
+from bench.results import PEER_COLUMN
 from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -141,53 +144,74 @@ def _speedup_colorbar(fig, im, axes, baseline: str) -> None:
     bar.ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
+def _has_peer_ratio(sub: pd.DataFrame) -> bool:
+    return PEER_COLUMN in sub and sub[PEER_COLUMN].notna().any()
+
+
 def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
+    """Heads × batch heatmaps per backend: the speedup over the baseline (top row) and, when
+    peers ran, the ratio to the best peer (bottom row, bench/peers.py)."""
     pass_, dtype = _focus(df)
     sub = _ok(df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
                  & (df["backend"] != _baseline(meta))])
     if sub.empty:
         return None
     backends = list(dict.fromkeys(sub["backend"]))
-    norm = _speedup_norm(sub["speedup_vs_baseline"])
-    fig, axes = plt.subplots(1, len(backends), figsize=(max(8, 4.2 * len(backends) + 1), 4.5),
-                             squeeze=False, layout="constrained")
-    im = None
-    for ax, backend in zip(axes[0], backends, strict=True):
-        grid = (df[(df["sweep"] == "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
-                   & (df["backend"] == backend)]
-                .pivot_table(index="head", columns="batch", values="speedup_vs_baseline",
-                             aggfunc="first", dropna=False))
-        im = _heatmap(ax, grid, backend, "batch B", "head", norm)
-    _speedup_colorbar(fig, im, axes[0].tolist(), _baseline(meta))
-    fig.suptitle(f"Speedup over the {_baseline(meta)} baseline, paper heads, {pass_} pass, {dtype} "
-                 f"(– = not measured)\n{_subtitle(meta)}", fontsize=10)
+    metrics = [("speedup_vs_baseline", f"over {_baseline(meta)}")]
+    if _has_peer_ratio(sub):
+        metrics.append((PEER_COLUMN, "over the best peer"))
+    fig, axes = plt.subplots(len(metrics), len(backends), squeeze=False, layout="constrained",
+                             figsize=(max(8, 4.2 * len(backends) + 1), 4.5 * len(metrics)))
+    for row, (column, label) in enumerate(metrics):
+        norm = _speedup_norm(sub[column])
+        im = None
+        for ax, backend in zip(axes[row], backends, strict=True):
+            grid = (df[(df["sweep"] == "heads") & (df["pass"] == pass_)
+                       & (df["dtype"] == dtype) & (df["backend"] == backend)]
+                    .pivot_table(index="head", columns="batch", values=column,
+                                 aggfunc="first", dropna=False))
+            im = _heatmap(ax, grid, f"{backend}, {label}", "batch B", "head", norm)
+        _speedup_colorbar(fig, im, axes[row].tolist(), label.removeprefix("over "))
+    peers = (f"; best peer: fastest of {', '.join(meta.get('peers', []))}"
+             if len(metrics) > 1 else "")
+    also = " and the best peer" if peers else ""
+    fig.suptitle(f"Speedup over the {_baseline(meta)} baseline{also}, paper heads, {pass_} pass, "
+                 f"{dtype} (– = not measured{peers})\n"
+                 f"{_subtitle(meta)}", fontsize=10)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
 def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
+    """Backends × values heatmaps per one-axis sweep: the speedup over the baseline (left)
+    and, when peers ran, the ratio to the best peer (right)."""
     pass_, dtype = _focus(df)
     sub = df[(df["sweep"] != "heads") & (df["pass"] == pass_) & (df["dtype"] == dtype)
              & (df["backend"] != _baseline(meta))]
     sweeps = list(dict.fromkeys(sub["sweep"]))
     if _ok(sub).empty:
         return None
-    norm = _speedup_norm(_ok(sub)["speedup_vs_baseline"])
+    metrics = [("speedup_vs_baseline", f"over {_baseline(meta)}")]
+    if _has_peer_ratio(_ok(sub)):
+        metrics.append((PEER_COLUMN, "over the best peer"))
     height = 1.5 + len(sweeps) * (0.6 + 0.45 * sub["backend"].nunique())
-    fig, axes = plt.subplots(len(sweeps), 1, figsize=(9, height), squeeze=False,
-                             layout="constrained")
-    im = None
+    fig, axes = plt.subplots(len(sweeps), len(metrics), figsize=(9 * len(metrics), height),
+                             squeeze=False, layout="constrained")
     axis_of = {"batch": "batch", "inputs": "inputs", "paths": "paths", "outputs": "outputs"}
-    for ax, sweep in zip(axes[:, 0], sweeps, strict=True):
-        s = sub[sub["sweep"] == sweep]
-        axis = axis_of[sweep.split("@")[0]]
-        grid = s.pivot_table(index="backend", columns=axis, values="speedup_vs_baseline",
-                             aggfunc="first", dropna=False)
-        im = _heatmap(ax, grid, sweep, axis, "", norm)
-    _speedup_colorbar(fig, im, axes[:, 0].tolist(), _baseline(meta))
-    fig.suptitle(f"Speedup over {_baseline(meta)} along each one-axis sweep, {pass_} pass, "
-                 f"{dtype}\n{_subtitle(meta)}", fontsize=10)
+    for col, (column, label) in enumerate(metrics):
+        norm = _speedup_norm(_ok(sub)[column])
+        im = None
+        for ax, sweep in zip(axes[:, col], sweeps, strict=True):
+            s = sub[sub["sweep"] == sweep]
+            axis = axis_of[sweep.split("@")[0]]
+            grid = s.pivot_table(index="backend", columns=axis, values=column,
+                                 aggfunc="first", dropna=False)
+            im = _heatmap(ax, grid, f"{sweep}, {label}", axis, "", norm)
+        _speedup_colorbar(fig, im, axes[:, col].tolist(), label.removeprefix("over "))
+    fig.suptitle(f"Speedup over {_baseline(meta)}"
+                 f"{' and over the best peer' if len(metrics) > 1 else ''} along each one-axis "
+                 f"sweep, {pass_} pass, {dtype}\n{_subtitle(meta)}", fontsize=10)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

@@ -5,8 +5,11 @@ contract: FLOPs and fewest bytes (`Shape.flops` / `Shape.min_bytes` via `bench.p
 GFLOP/s, GB/s, arithmetic intensity, the roofline floor and % of it under this run's
 ceilings, the speedup over the registry's baseline backend (`registry.baseline()`, einsum for
 the dense op) measured in the same run (of the medians: `speedup_vs_baseline`; of the fastest
-samples, steadier on a loaded machine: `speedup_best`), and the winner of each (shape, dtype,
-pass): the fastest (median) backend whose outputs matched the oracle.
+samples, steadier on a loaded machine: `speedup_best`), the ratio to the best peer
+(`vs_best_peer`: the fastest correct median among bench/peers.py's peers and the `torch`
+backend, over the row's median; above 1 means faster than anything a user would write
+instead), and the winner of each (shape, dtype, pass): the fastest (median) backend whose
+outputs matched the oracle (a bench-only peer never wins: it is not a backend).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ KEY_COLUMNS: tuple[str, ...] = ("backend", "batch", "inputs", "paths", "outputs"
 MEASURE_COLUMNS: tuple[str, ...] = (
     "status", "correct", "winner", "median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples",
     "calls", "first_call_s", "flops", "bytes", "gflops", "gbps", "intensity", "floor_s",
-    "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best", "error_ratio", "peak_mem_bytes",
+    "roofline_pct", "bound", "speedup_vs_baseline", "speedup_best", "vs_best_peer",
+    "error_ratio", "peak_mem_bytes",
     "est_mem_bytes", "energy_j", "power_w", "energy_window_s", "measure_s", "note", "nnz",
 )
 COLUMNS: tuple[str, ...] = KEY_COLUMNS + MEASURE_COLUMNS + ROW_FIELDS
@@ -38,6 +42,8 @@ MEASUREMENT_KEY = ["backend", "batch", "inputs", "paths", "outputs", "dtype", "p
                    "mu"]
 # what the backends of one run are compared over (speedups, the winner)
 COMPARISON_KEY = ["batch", "inputs", "paths", "outputs", "dtype", "pass", "device", "mu"]
+# each row's median over the best peer's (bench/peers.py)
+PEER_COLUMN = "vs_best_peer"
 # stands for an empty `mu` in grouping keys (pandas drops NaN keys and NaN != NaN)
 NO_MU = -1.0
 
@@ -87,6 +93,7 @@ def table(rows: list[dict], ceilings: Ceilings, provenance: dict,
     df["roofline_pct"] = (100 * df["floor_s"] / df["median_s"]).where(timed)
     df["speedup_vs_baseline"] = _speedup(df, "median_s", baseline).where(timed)
     df["speedup_best"] = _speedup(df, "min_s", baseline).where(timed)
+    df[PEER_COLUMN] = best_peer_ratio(df).where(timed)
     df["winner"] = _winners(df)
     for name in ROW_FIELDS:
         df[name] = provenance.get(name, "")
@@ -104,12 +111,30 @@ def _speedup(df: pd.DataFrame, column: str, backend: str) -> pd.Series:
     return pd.Series(base, index=df.index, dtype=float) / df[column]
 
 
+def best_peer_ratio(df: pd.DataFrame) -> pd.Series:
+    """The best peer's median over each row's, for the same shape, dtype and pass: the
+    fastest correct median among the peers (`bench.peers.is_peer_or_backend_peer`); NaN
+    where no peer was measured correct."""
+    from bench.peers import is_peer_or_backend_peer
+
+    keys = _keyed(df)
+    ok = (df["backend"].map(is_peer_or_backend_peer) & (df["status"] == "ok")
+          & (df["correct"] == True))  # noqa: E712
+    best = (keys[ok].assign(median_s=df.loc[ok, "median_s"])
+            .groupby(COMPARISON_KEY)["median_s"].min())
+    base = [best.get(k) for k in map(tuple, keys.to_numpy().tolist())]
+    return pd.Series(base, index=df.index, dtype=float) / df["median_s"]
+
+
 def _winners(df: pd.DataFrame) -> pd.Series:
     """True for the fastest correct backend of each (shape, dtype, pass, mu)."""
     keyed = _keyed(df).assign(backend=df["backend"], median_s=df["median_s"])
     # the MLP a GLAI head replaces (bench/kept.py) computes another function: never a winner
+    # and a bench-only peer (bench/peers.py) is what a user would write instead, not a backend
+    from bench.peers import is_peer
+
     eligible = keyed[(df["status"] == "ok") & (df["correct"] == True)  # noqa: E712
-                     & (df["backend"] != "mlp")]
+                     & (df["backend"] != "mlp") & ~df["backend"].map(is_peer)]
     fastest = eligible.loc[eligible.groupby(COMPARISON_KEY)["median_s"].idxmin()]
     keys = ["backend", *COMPARISON_KEY]
     wins = set(map(tuple, fastest[keys].to_numpy().tolist()))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bench import ceilings as ceilings_mod
-from bench import kept, memory
+from bench import kept, memory, peers
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import CHUNK_BYTES, Oracle, tf32_enabled
@@ -64,6 +64,8 @@ class Context:
     # one) and the inputs of the (head, batch) being measured, shared across its μ
     sparse_backends: list[str] | None = None
     kept_inputs: object = None
+    # bench-only peers (bench/peers.py) timed beside the backends, where their sweeps ask
+    peers: list[str] = field(default_factory=list)
 
 
 def select_backends(requested: Sequence[str] | None, device: torch.device,
@@ -147,15 +149,29 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def measure_shape(ctx: Context, shape: Shape, dtype_name: str,
-                  passes: Sequence[str]) -> dict[tuple[str, str], Measurement]:
-    """{(pass, backend): measurement} for one shape and dtype."""
+def _unsupported(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    if peers.is_peer(name):
+        return None  # select() kept only available peers; every one takes every dtype
+    return registry.get(name).unsupported_reason(device.type, dtype)
+
+
+def _estimate_bytes(name: str, shape: Shape, spec: PassSpec, itemsize: int) -> int:
+    if peers.is_peer(name):
+        return peers.estimate_bytes(shape, spec, itemsize)
+    return memory.estimate_bytes(name, shape, spec, itemsize)
+
+
+def measure_shape(ctx: Context, shape: Shape, dtype_name: str, passes: Sequence[str],
+                  sweeps: Sequence[str] = ()) -> dict[tuple[str, str], Measurement]:
+    """{(pass, backend or peer): measurement} for one shape and dtype, measured for
+    `sweeps` (which decide the peers that join)."""
     dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
     itemsize = torch.empty(0, dtype=dtype).element_size()
     out: dict[tuple[str, str], Measurement] = {}
+    names = [*ctx.backends, *peers.for_sweeps(ctx.peers, sweeps)]
 
     def skip_all(pass_: str, note: str) -> None:
-        for b in ctx.backends:
+        for b in names:
             out[(pass_, b)] = _skip(note)
 
     budget = int(memory.available_bytes(device) * ctx.memory_fraction)
@@ -187,12 +203,12 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str,
         spec = PASSES[p]
         ready: dict[str, Callable[[], object]] = {}
         warm_s: dict[str, float] = {}
-        for b in ctx.backends:
-            reason = registry.get(b).unsupported_reason(device.type, dtype)
+        for b in names:
+            reason = _unsupported(b, device, dtype)
             if reason is not None:
                 out[(p, b)] = _skip(f"{b}: {reason}")
                 continue
-            need = memory.estimate_bytes(b, shape, spec, itemsize) * len(sets)
+            need = _estimate_bytes(b, shape, spec, itemsize) * len(sets)
             if need > budget - oracle_need:
                 out[(p, b)] = _skip(f"needs about {_gib(need)}, more than "
                                     f"{_gib(budget - oracle_need)} free")
@@ -232,8 +248,9 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
     """Check, warm up and measure the memory of one backend's call; (fn, median warm call
     time) to time, or None when it is too slow to time (m then says so)."""
     device, preset = ctx.device, ctx.preset
-    fn = make_call(backend, spec, sets)
-    check = fn if len(sets) == 1 else make_call(backend, spec, sets[:1])
+    make = peers.make_call if peers.is_peer(backend) else make_call
+    fn = make(backend, spec, sets)
+    check = fn if len(sets) == 1 else make(backend, spec, sets[:1])
     start = time.perf_counter()
     first = check()
     _sync(device)
@@ -286,7 +303,8 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
                             + ("" if mu is None else f" mu={100 * mu:.3g}%"))
         passes = list(dict.fromkeys(p for c in members for p in c.passes))
         if mu is None:
-            measured = measure_shape(ctx, shape, dtype_name, passes)
+            measured = measure_shape(ctx, shape, dtype_name, passes,
+                                     list(dict.fromkeys(c.sweep for c in members)))
         else:  # a kept-fraction case: its own backends (sparse, dense, the MLP)
             measured = kept.measure(ctx, members[0].head, shape, dtype_name, mu, passes)
         for case in members:

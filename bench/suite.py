@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from bench import ceilings as ceilings_mod
-from bench import kept, memory, provenance, results
+from bench import kept, memory, peers, provenance, results
 from bench.energy import EnergyMeter
 from bench.passes import dtype_of
 from bench.runner import Context, cases_for, run_cases, select_backends
@@ -63,13 +63,18 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         out_dir: Path | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
+        peer_names: Sequence[str] | None = None, install_dispatch: bool = False,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
     `backends` may name the sparse op's as "sparse:NAME" (the kept-fraction sweep runs every
     available one unless some are named); `heads`/`batches`/`sweeps` keep only those cases
     of the preset; `rounds`/`min_time_s`/`max_call_s` override its timing and its per-call
-    limit; `threads` sets torch's CPU threads (default: torch's choice, all cores).
+    limit; `threads` sets torch's CPU threads (default: torch's choice, all cores);
+    `peer_names` the bench-only peers to time beside the backends (bench/peers.py; default:
+    the preset's). With `out_dir`, the run's dispatch table for `auto` is written to
+    out_dir/dispatch/ (bench/dispatch_table.py) and, with `install_dispatch`, copied into
+    glai_kernels/dispatch/, which the package ships.
     """
     started = time.perf_counter()
     if threads is not None:
@@ -96,6 +101,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         sparse_names, sparse_unavailable = kept.sparse_backends(dev, kept_dtype,
                                                                 sparse_requested or None)
         unavailable.update(sparse_unavailable)
+    peer_run, peer_unavailable = peers.select(
+        preset.peers if peer_names is None else peer_names, dev, log)
+    unavailable.update(peer_unavailable)
     info = provenance.collect(dev)
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
         hint = "; --threads 1 suffers least from it" if torch.get_num_threads() > 1 else ""
@@ -103,11 +111,12 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
             f"work shares this CPU, so timings will be noisy (ratios less so{hint})")
     run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
     log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
-        f"{len(cases)} cases, backends {', '.join(names)}; measuring ceilings")
+        f"{len(cases)} cases, backends {', '.join(names)}"
+        + (f", peers {', '.join(peer_run)}" if peer_run else "") + "; measuring ceilings")
     ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
     meter = EnergyMeter(dev)
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
-                  sparse_backends=sparse_requested or None)
+                  sparse_backends=sparse_requested or None, peers=peer_run)
     rows = run_cases(ctx, cases, progress=progress)
     log("measuring the ceilings again")
     ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
@@ -121,7 +130,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
                    "max_call_s": preset.max_call_s,
                    "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
                                                                  for p in c.passes})},
-        "backends": [*names, *map(kept.sparse_label, sparse_names)],
+        "backends": [*names, *peer_run, *map(kept.sparse_label, sparse_names)],
+        # what each backend's ratio to the best peer (results.PEER_COLUMN) is over
+        "peers": [*(b for b in peers.BACKEND_PEERS if b in names), *peer_run],
         # what speedup_vs_baseline and speedup_best are over
         "baseline": registry.baseline().name,
         "unavailable": unavailable,
@@ -132,6 +143,19 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     }
     output = RunOutput(table, meta)
     if out_dir is not None:
+        from bench import dispatch_table
+
+        built = dispatch_table.build(table, meta)
+        if built is not None:
+            dispatch, evaluation = built
+            path = dispatch_table.write(dispatch, out_dir)
+            meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
+            output.files.append(path)
+            if install_dispatch:
+                installed = dispatch_table.install(path)
+                meta["dispatch"]["installed"] = str(installed.relative_to(
+                    installed.parents[2]))
+                output.files.append(installed)
         output.files.extend(results.write(table, out_dir, meta))
         if plots:
             from bench import plots as plots_mod

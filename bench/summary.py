@@ -1,8 +1,10 @@
 """summary.md: what a reader wants from a run, on one page.
 
 The machine and provenance, the measured ceilings, which backends ran (and why others did
-not), the winning backend per paper head and batch for every dtype and pass, the
-torch-vs-baseline ratio at A1 B=256, the kept-fraction sweep (bench/kept_report.py),
+not), the winning backend per paper head and batch for every dtype and pass (with its ratio
+to the best peer, bench/peers.py), the torch-vs-baseline ratio at A1 B=256, every backend's
+ratio to the best peer, how well auto's dispatch table and the priorities choose
+(bench/dispatch_table.py), the kept-fraction sweep (bench/kept_report.py),
 skipped and wrong measurements, and the charts.
 """
 
@@ -22,9 +24,54 @@ FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 def _cell(row: pd.Series) -> str:
     speedup = row["speedup_vs_baseline"]
     s = f" {speedup:.2f}×" if pd.notna(speedup) else " (baseline not measured)"
+    s += _peer_part(row)
     roof = row["roofline_pct"]
     r = f", {roof:.0f}% roof" if pd.notna(roof) else ""
     return f"**{row['backend']}**{s}{r}"
+
+
+def _peer_part(row: pd.Series) -> str:
+    """", 1.31× best peer": the winner's ratio to the fastest peer (bench/peers.py)."""
+    ratio = row.get("vs_best_peer")
+    return f", {ratio:.2f}× best peer" if pd.notna(ratio) else ""
+
+
+def _peer_lines(meta: dict) -> list[str]:
+    """What each peer is (bench/peers.py): bench-only, never chosen by auto."""
+    from bench import peers
+
+    named = [n for n in meta.get("peers", []) if peers.is_peer(n)]
+    if not meta.get("peers"):
+        return []
+    out = ["", "Peers, timed in the same run and checked against the same oracle; the "
+           "`peer:` ones are bench-only (not backends: `auto` never returns them):"]
+    out += [f"- `{n}`: {peers.PEERS[n].description}" for n in named if n in peers.PEERS]
+    out += [f"- `{n}`: the registered backend" for n in meta["peers"] if not peers.is_peer(n)]
+    return out
+
+
+def peer_table(df: pd.DataFrame, dtype: str, pass_: str) -> str | None:
+    """Markdown table: per paper head and batch, the best peer (name and median) and every
+    backend's ratio to it (above 1× is faster); None without a measured peer."""
+    from bench import peers
+
+    sub = df[(df["sweep"] == "heads") & (df["dtype"] == dtype) & (df["pass"] == pass_)
+             & (df["status"] == "ok")]
+    if sub.empty or sub["vs_best_peer"].isna().all():
+        return None
+    backends = [b for b in dict.fromkeys(sub["backend"]) if not peers.is_peer(b)]
+    lines = ["| head | B | best peer | " + " | ".join(backends) + " |",
+             "|---|---|---|" + "---|" * len(backends)]
+    for (head, batch), at in sub.groupby(["head", "batch"], sort=False):
+        ok = at[at["backend"].map(peers.is_peer_or_backend_peer) & (at["correct"] == True)]  # noqa: E712
+        if ok.empty:
+            continue
+        best = ok.loc[ok["median_s"].idxmin()]
+        ratio = dict(zip(at["backend"], at["vs_best_peer"], strict=True))
+        cells = [f"{ratio[b]:.2f}×" if pd.notna(ratio.get(b)) else "–" for b in backends]
+        lines.append(f"| {head} | {batch} | {best['backend']} {1e3 * best['median_s']:.3g} ms "
+                     f"| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def winners_table(df: pd.DataFrame, dtype: str, pass_: str) -> str | None:
@@ -132,9 +179,12 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
               "## Backends", "", f"Measured: {', '.join(meta['backends'])}."]
     for name, reason in meta["unavailable"].items():
         lines.append(f"- `{name}` unavailable on {p['device']}: {reason}")
+    lines += _peer_lines(meta)
     lines += ["", "## Winning backend per paper head", "",
               "The fastest backend whose outputs matched the float64 oracle, its speedup over "
-              f"the baseline ({baseline}) and its % of the roofline floor.", ""]
+              f"the baseline ({baseline}), its ratio to the best peer (the fastest of "
+              f"{', '.join(meta.get('peers') or ['no peer'])}: what a user would write "
+              "instead; above 1× is faster) and its % of the roofline floor.", ""]
     if (df["roofline_pct"] > 100).any():
         lines += ["A share above 100% is not an error: the roofline's compute ceiling is this "
                   "run's own `torch.mm` rate (the machine's matmul as torch reaches it), not the "
@@ -149,6 +199,19 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
             if t:
                 lines += [f"### {dtype}, {pass_}", "", t, ""]
     lines += _ratio_line(df[df["mu"].isna()] if "mu" in df else df, baseline)
+    peer_tables = [(d, p_, peer_table(df, d, p_)) for d in meta["preset"]["dtypes"]
+                   for p_ in ("both", "train", "forward")]
+    if any(t for *_, t in peer_tables):
+        lines += ["## Every backend against the best peer", "",
+                  "Each backend's median over the best peer's (the fastest correct of "
+                  f"{', '.join(meta.get('peers') or [])}), paper heads; above 1× is faster "
+                  "than what a user would write instead.", ""]
+        for d, p_, t in peer_tables:
+            if t:
+                lines += [f"### {d}, {p_}", "", t, ""]
+    from bench import dispatch_table
+
+    lines += dispatch_table.markdown(meta)
     lines += kept_lines
     wrong = df[df["status"] == "wrong"].drop_duplicates(
         ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass",

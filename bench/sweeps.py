@@ -30,6 +30,9 @@ PAPER_BATCHES: tuple[int, ...] = (16, 32, 256, 4096)
 # the kept-fraction sweep's passes (bench/kept.py): the estimator's forward, and a whole
 # training step (selector, estimator forward and backward, optimizer step)
 KEPT_PASSES: tuple[str, ...] = ("forward", "step")
+# bench/peers.py's peers by short name; max-autotune runs in the heads sweep only (each
+# shape, dtype and grad mode autotunes for seconds)
+ALL_PEERS: tuple[str, ...] = ("einsum", "max-autotune")
 KEPT_MUS: tuple[float, ...] = (0.005, 0.01, 0.03, 0.10, 0.25, 0.50, 1.0)
 
 
@@ -150,6 +153,7 @@ class Preset:
     rounds: int = 5
     max_call_s: float = 2.0
     ceiling_time_s: float = 0.3
+    peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         min_time_s=0.1,
         rounds=3,
         max_call_s=0.5,
+        # a smoke run (and the regression gate's runs) stays short: the torch backend is
+        # its only peer
     ),
     Preset(
         name="default",
@@ -214,6 +220,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         min_time_s=0.2,
         rounds=5,
         max_call_s=0.5,
+        peers=ALL_PEERS,
     ),
     Preset(
         name="full",
@@ -234,6 +241,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         min_time_s=0.5,
         rounds=10,
         max_call_s=10.0,
+        peers=ALL_PEERS,
     ),
 )}
 

@@ -363,6 +363,20 @@ def test_json_and_summary(tiny_run):
         assert f"plots/{name}" in summary
 
 
+def test_the_run_writes_its_dispatch_table(tiny_run):
+    from glai_kernels import dispatch
+
+    output, out_dir = tiny_run
+    tables = list((out_dir / "dispatch").glob("*.json"))
+    assert [p.name for p in tables] == [f"{dispatch.machine_kind('cpu')}.json"]
+    table = dispatch.Table.from_dict(json.loads(tables[0].read_text()))
+    # FAST runs einsum (never an auto candidate) and torch: torch wins every cell
+    assert table.entries and {e.winner for e in table.entries} == {"torch"}
+    assert table.provenance["preset"] == "tiny"
+    assert output.meta["dispatch"]["table"]["cases"] > 0
+    assert "## auto: the measured dispatch table" in (out_dir / "summary.md").read_text()
+
+
 def test_every_chart_is_written_and_not_blank(tiny_run):
     _, out_dir = tiny_run
     for name in plots.CHARTS:

@@ -6,13 +6,17 @@ import pytest
 import torch
 
 import glai_kernels
-from glai_kernels import registry
+from glai_kernels import dispatch, registry
 from glai_kernels.contract import Shape
 
 
 @pytest.fixture
-def spy_backends():
-    """Two registered backends that record their calls, removed afterwards."""
+def spy_backends(tmp_path, monkeypatch):
+    """Two registered backends that record their calls, removed afterwards. No dispatch
+    table is read meanwhile: these tests are of the priorities, which decide auto where
+    this machine kind has no table (correctness/test_dispatch.py tests the tables)."""
+    monkeypatch.setattr(dispatch, "TABLE_DIR", tmp_path)
+    dispatch.clear_cache()
     calls: list[str] = []
 
     def make(name: str, priority: int):
@@ -35,6 +39,7 @@ def spy_backends():
     yield calls
     registry.unregister("spy_low")
     registry.unregister("spy_high")
+    dispatch.clear_cache()
 
 
 def _args():

@@ -1,11 +1,16 @@
 """`python -m glai_kernels`: print every backend's availability and the auto choice, for the
-dense op and the sparse kept-path op."""
+dense op and the sparse kept-path op, and which dispatch table and rule the dense op's auto
+follows on this machine."""
 
 import torch
 
 import glai_kernels
-from glai_kernels import registry, sparse
+from glai_kernels import dispatch, registry, sparse
 from glai_kernels.glai.prune import SPARSE_CROSSOVER
+from glai_kernels.paper_heads import PAPER_HEADS
+
+# the calls shown: GLAI's paper batch and a large one, at the first paper head
+_SHOWN_HEAD, _SHOWN_BATCHES = "A1", (16, 256)
 
 
 def _report(title: str, reg: registry.Registry, device_types: list[str]) -> None:
@@ -15,16 +20,48 @@ def _report(title: str, reg: registry.Registry, device_types: list[str]) -> None
     for device_type in device_types:
         for dtype in glai_kernels.SUPPORTED_DTYPES:
             try:
-                chosen = reg.pick_auto(device_type, dtype).name
+                chosen = reg.pick_by_priority(device_type, dtype).name
             except RuntimeError as error:
                 chosen = f"none ({error})"
-            print(f"  auto on {device_type} {str(dtype).removeprefix('torch.')}: {chosen}")
+            print(f"  auto on {device_type} {str(dtype).removeprefix('torch.')} "
+                  f"by priority: {chosen}")
+
+
+def _dispatch(device_type: str) -> None:
+    """The table auto consults on `device_type` and the rule it follows for a few calls."""
+    kind = dispatch.machine_kind(device_type)
+    table = dispatch.table_for(device_type)
+    if table is None:
+        print(f"  {device_type}: no dispatch table for machine kind {kind} (looked for "
+              f"{dispatch.table_path(kind)}): auto follows the priorities above")
+        return
+    prov = table.provenance
+    print(f"  {device_type}: dispatch table {table.source} ({len(table.entries)} entries; "
+          f"measured by `{prov.get('command', '?')}`, preset {prov.get('preset', '?')}, "
+          f"commit {str(prov.get('commit', '?'))[:12]}, {prov.get('date', '?')})")
+    head = PAPER_HEADS[_SHOWN_HEAD]
+    for dtype in glai_kernels.SUPPORTED_DTYPES:
+        for batch in _SHOWN_BATCHES:
+            for mode in dispatch.MODES:
+                shape = head.shape(batch)
+                call = dispatch.Call(mode, batch, shape.inputs, shape.paths, shape.outputs)
+                try:
+                    chosen = registry.pick_auto(device_type, dtype, call).name
+                except RuntimeError as error:
+                    chosen = f"none ({error})"
+                print(f"    {str(dtype).removeprefix('torch.'):8s} {mode:7s} {_SHOWN_HEAD} "
+                      f"B={batch:<4d} -> {chosen:7s} by "
+                      f"{registry.auto_rule(device_type, dtype, call)}")
 
 
 def main() -> None:
     print(f"glai-kernels {glai_kernels.__version__}, torch {torch.__version__}")
     device_types = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     _report("dense estimator (glai_kernels.estimator):", registry.ESTIMATOR, device_types)
+    print("  auto with a call's mode and shape (estimator calls): the measured dispatch table "
+          "where this machine kind has one, else the priorities")
+    for device_type in device_types:
+        _dispatch(device_type)
     _report("sparse kept-path estimator (glai_kernels.sparse.estimator):",
             sparse.SPARSE_ESTIMATOR, device_types)
     print("  pruned heads take the sparse layout at a kept fraction of at most: "

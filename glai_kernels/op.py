@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels import calls, registry
+from glai_kernels import calls, dispatch, registry
 from glai_kernels.contract import Shape, accumulation_dtype, check_inputs
 
 # Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
@@ -44,9 +44,11 @@ def autocast_inputs(tensors: tuple, device_type: str, dtype: torch.dtype) -> tup
 
 
 @torch._dynamo.assume_constant_result
-def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
+def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype,
+                  call: dispatch.Call | None = None) -> str:
     """The concrete backend name `estimator(..., backend=backend)` runs for tensors on
-    `device` of `dtype` (the argument, else $GLAI_BACKEND, else the auto pick).
+    `device` of `dtype` (the argument, else $GLAI_BACKEND, else the auto pick, which
+    consults the machine's dispatch table for `call`'s mode and shape when given).
 
     torch.compile takes the answer as a constant when it traces (the auto pick is not
     traceable, and an availability check may build an extension), so a compiled graph
@@ -55,16 +57,35 @@ def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype)
     """
     if device.type == "meta":
         return registry.requested_name(backend)
-    return registry.resolve(backend, device, dtype).name
+    return registry.resolve(backend, device, dtype, call).name
 
 
-def backend_for(x: torch.Tensor, backend: str | None = None) -> str:
+def auto_call(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
+              backend: str | None, device_type: str) -> dispatch.Call | None:
+    """What "auto" is told of a call (its mode and shape, as a plain tuple in `Call`'s
+    order: this runs on every call), or None where it cannot use it: a named backend, or
+    inside torch.compile, whose graph keeps one backend for every batch (the priorities
+    choose it), or on a machine kind without a dispatch table (the same priorities)."""
+    if ((backend is not None and backend != registry.AUTO) or torch.compiler.is_compiling()
+            or not dispatch.has_table(device_type)):
+        return None
+    batch, inputs = x.shape
+    return (dispatch.call_mode(x, act, weight), batch, inputs, act.shape[1],  # type: ignore[return-value]
+            weight.shape[0])
+
+
+def backend_for(x: torch.Tensor, backend: str | None = None,
+                act: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> str:
     """The backend name an `estimator` call with first argument `x` runs on: `resolved_name`
-    for x's device and the dtype the call runs in (the autocast dtype inside a region)."""
+    for x's device and the dtype the call runs in (the autocast dtype inside a region).
+    With the call's `act` and `weight`, "auto" follows the dispatch table for its mode and
+    shape as `estimator` does; without them, the priorities."""
     dtype = autocast_dtype(x.device.type)
     if dtype is None or not x.is_floating_point() or x.dtype == torch.float64:
         dtype = x.dtype
-    return resolved_name(backend, x.device, dtype)
+    call = (auto_call(x, act, weight, backend, x.device.type)
+            if act is not None and weight is not None else None)
+    return resolved_name(backend, x.device, dtype, call)
 
 
 def _is_empty(shape: Shape) -> bool:
@@ -298,7 +319,9 @@ def estimator(
         # cast here, not only in the op, so the checks and the backend see the dtype it runs
         x, act, weight, bias = autocast_inputs((x, act, weight, bias), x.device.type, dtype)
     check_inputs(x, act, weight, bias)
-    name = resolved_name(backend, x.device, x.dtype)
+    device = x.device
+    name = resolved_name(backend, device, x.dtype, auto_call(x, act, weight, backend,
+                                                             device.type))
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = estimator_op(x, act, weight, bias, name, save)
     return y

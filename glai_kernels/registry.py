@@ -3,8 +3,10 @@
 A backend is one module in `glai_kernels/backends/` that calls `register(Backend(...))` at
 import; `glai_kernels.backends` imports every module there, so adding a backend means adding
 one file. Selection: the `backend=` argument, else the `GLAI_BACKEND` environment variable,
-else "auto", which picks the available backend with the highest `auto_priority` for the
-tensors' device type and dtype.
+else "auto", which takes the measured winner from the machine's dispatch table
+(glai_kernels/dispatch/, written by the benchmarks) for the call's dtype, mode and shape, and
+otherwise the available backend with the highest `auto_priority` for the tensors' device type
+and dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from glai_kernels import dispatch
 from glai_kernels.contract import SUPPORTED_DTYPES, Shape
 
 ENV_VAR = "GLAI_BACKEND"
@@ -201,7 +204,40 @@ class Registry:
                                  f"a backend: {error}") from None
         return name
 
-    def pick_auto(self, device_type: str, dtype: torch.dtype) -> Backend:
+    def pick_auto(self, device_type: str, dtype: torch.dtype,
+                  call: dispatch.Call | None = None) -> Backend:
+        """The backend "auto" runs for this device and dtype.
+
+        With `call` (the mode and shape), the measured winner from the machine's dispatch
+        table (glai_kernels/dispatch/) when there is one and it can run here; otherwise the
+        available backend with the highest auto priority.
+        """
+        if call is not None:
+            name, _rule = dispatch.measured_pick(self.op, device_type, dtype, call)
+            chosen = self._backends.get(name) if name is not None else None
+            if (chosen is not None and device_type in chosen.auto_priority
+                    and chosen.unsupported_reason(device_type, dtype) is None):
+                return chosen
+        return self.pick_by_priority(device_type, dtype)
+
+    def auto_rule(self, device_type: str, dtype: torch.dtype,
+                  call: dispatch.Call | None = None) -> str:
+        """In words, the rule `pick_auto` follows for these arguments (python -m
+        glai_kernels prints it)."""
+        if call is None:
+            return "priorities (no call shape given)"
+        name, rule = dispatch.measured_pick(self.op, device_type, dtype, call)
+        if name is None:
+            return f"priorities ({rule})"
+        chosen = self._backends.get(name)
+        if chosen is None or device_type not in chosen.auto_priority:
+            return f"priorities (the table's {name!r} is not an auto candidate here; {rule})"
+        reason = chosen.unsupported_reason(device_type, dtype)
+        if reason is not None:
+            return f"priorities (the table's {name!r} is unavailable: {reason}; {rule})"
+        return f"measured ({rule})"
+
+    def pick_by_priority(self, device_type: str, dtype: torch.dtype) -> Backend:
         """The available backend with the highest auto priority for this device and dtype."""
         candidates = [
             b for b in self._backends.values()
@@ -213,15 +249,17 @@ class Registry:
                                f"see glai_kernels.backends()")
         return max(candidates, key=lambda b: b.auto_priority[device_type])
 
-    def resolve(self, backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
-        """The backend that will run for tensors on `device` of `dtype`.
+    def resolve(self, backend: str | None, device: torch.device, dtype: torch.dtype,
+                call: dispatch.Call | None = None) -> Backend:
+        """The backend that will run for tensors on `device` of `dtype` (for "auto", in the
+        mode and at the shape `call` says, when given).
 
         Raises ValueError for an unknown name and RuntimeError, with the reason, for a
         backend that cannot run these tensors here.
         """
         name = self.requested_name(backend)
         if name == AUTO:
-            return self.pick_auto(device.type, dtype)
+            return self.pick_auto(device.type, dtype, call)
         chosen = self.get(name)
         reason = chosen.unsupported_reason(device.type, dtype)
         if reason is not None:
@@ -276,5 +314,7 @@ get = ESTIMATOR.get
 baseline = ESTIMATOR.baseline
 requested_name = ESTIMATOR.requested_name
 pick_auto = ESTIMATOR.pick_auto
+pick_by_priority = ESTIMATOR.pick_by_priority
+auto_rule = ESTIMATOR.auto_rule
 resolve = ESTIMATOR.resolve
 statuses = ESTIMATOR.statuses

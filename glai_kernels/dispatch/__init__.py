@@ -1,0 +1,274 @@
+"""Measured dispatch tables: which backend `auto` runs, per machine kind, from a benchmark run.
+
+`python -m bench run` measures every backend on the preset's cases and writes, for the machine
+kind it ran on (`machine_kind`), a table of the measured winners among the backends `auto`
+may choose (those with an `auto_priority` for the device). The package ships the tables in
+this folder as `<machine kind>.json`; `auto` (`registry.pick_auto`) consults the one for the
+current machine:
+
+    key     (dtype, mode, batch bucket, size class)
+    mode    "forward" (no gradient), "train" (only weight needs one: GLAI's training step,
+            selector and backbone frozen) or "both" (x or act needs one too); the backward
+            runs on the backend the forward chose
+    batch bucket   the next power of two >= B                       (`batch_bucket`)
+    size class     ceil(log2(O * I * P)), the weight's elements       (`size_class`)
+
+A call whose key has no entry takes the nearest entry of its dtype and mode (fewest octaves
+of batch plus size classes away); with no entry for its dtype and mode, no table for the
+machine kind, or a winner that cannot run here, `auto` falls back to the priorities.
+
+Cost: the table is read once per process and each distinct call shape is looked up once
+(`_PICKS` caches the answer), so a call pays a few dict lookups; on a machine kind without a
+table the op does not even build the call's key (`has_table`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+SCHEMA = 1
+KIND = "glai-kernels-dispatch-table"
+TABLE_DIR = Path(__file__).resolve().parent
+MODES: tuple[str, ...] = ("forward", "both", "train")
+# distinct call shapes remembered per process before the cache starts again
+_PICKS_MAX = 4096
+
+
+class Call(NamedTuple):
+    """What `auto` knows of one estimator call beyond its device and dtype. A plain tuple
+    of the same fields is taken too (the op builds one per call: cheaper)."""
+
+    mode: str  # one of MODES
+    batch: int
+    inputs: int
+    paths: int
+    outputs: int
+
+
+def call_mode(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> str:
+    """The mode of a call with these inputs: "forward" when no gradient will be taken,
+    "train" when only weight needs one, else "both"."""
+    if not torch.is_grad_enabled():
+        return "forward"
+    if x.requires_grad or act.requires_grad:
+        return "both"
+    return "train" if weight.requires_grad else "forward"
+
+
+def batch_bucket(batch: int) -> int:
+    """The next power of two >= batch (16 -> 16, 17 -> 32, 1 -> 1)."""
+    return 1 << max(0, int(batch) - 1).bit_length()
+
+
+def size_class(inputs: int, paths: int, outputs: int) -> int:
+    """ceil(log2(O * I * P)): the weight's size in octaves (A1's 3.6M elements -> 22)."""
+    return max(0, int(inputs) * int(paths) * int(outputs) - 1).bit_length()
+
+
+def thread_bucket(threads: int) -> int:
+    """The next power of two >= threads: a table measured at 2 threads serves 2, not 3."""
+    return 1 << max(0, int(threads) - 1).bit_length()
+
+
+def _slug(text: str) -> str:
+    # as bench/history.py's slug, which names reports/baseline/<machine kind>.json
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "unknown"
+
+
+@functools.cache
+def cpu_id() -> str:
+    """"AuthenticAMD family 26 model 2" from /proc/cpuinfo (as bench.provenance.cpu_id):
+    the brand string alone does not tell CPU generations apart."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        pass
+    if not fields:
+        import platform
+
+        return platform.machine() or "unknown-cpu"
+    return (f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}")
+
+
+@functools.cache
+def _cpu_stem() -> str:
+    # the gate's machine kind (bench/gate/store.py: "cpu-2core-AuthenticAMD-family-26-model-2")
+    # and torch's CPU capability, which picks the kernels' instruction set
+    return _slug(f"cpu-{os.cpu_count()}core-{cpu_id()}-"
+                 f"{torch.backends.cpu.get_cpu_capability()}")
+
+
+@functools.cache
+def _cuda_kind(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    return _slug(f"cuda-{props.name}-sm{props.major}{props.minor}")
+
+
+def machine_kind(device_type: str, threads: int | None = None,
+                 cuda_index: int | None = None) -> str:
+    """The name a dispatch table is kept under: on CPUs the gate's machine kind, the
+    instruction set torch dispatches to and the thread-count bucket
+    ("cpu-2core-AuthenticAMD-family-26-model-2-AVX512-2t"); on CUDA the device's name and
+    compute capability ("cuda-NVIDIA-H100-80GB-HBM3-sm90")."""
+    if device_type == "cuda":
+        return _cuda_kind(torch.cuda.current_device() if cuda_index is None else cuda_index)
+    threads = torch.get_num_threads() if threads is None else threads
+    return f"{_cpu_stem()}-{thread_bucket(threads)}t"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One measured cell: the winner among `auto`'s candidates for its key."""
+
+    dtype: str
+    mode: str
+    batch_bucket: int
+    size_class: int
+    winner: str
+
+    def distance(self, bucket: int, size: int) -> tuple[float, int, int]:
+        """Octaves of batch plus size classes away; ties go to the larger batch, then the
+        larger size (a larger case's winner is the better-measured one)."""
+        return (abs(math.log2(self.batch_bucket) - math.log2(bucket)) + abs(self.size_class - size),
+                -self.batch_bucket, -self.size_class)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A dispatch table (see the module docstring); `source` is where it was read from."""
+
+    machine_kind: str
+    op: str
+    entries: tuple[Entry, ...]
+    provenance: dict
+    source: str = ""
+
+    @functools.cached_property
+    def _by_key(self) -> dict[tuple[str, str], list[Entry]]:
+        out: dict[tuple[str, str], list[Entry]] = {}
+        for e in self.entries:
+            out.setdefault((e.dtype, e.mode), []).append(e)
+        return out
+
+    def lookup(self, dtype: str, call: Call) -> Entry | None:
+        """The entry for this call: its own cell, else the nearest of its dtype and mode,
+        else None."""
+        candidates = self._by_key.get((dtype, call.mode))
+        if not candidates:
+            return None
+        bucket = batch_bucket(call.batch)
+        size = size_class(call.inputs, call.paths, call.outputs)
+        return min(candidates, key=lambda e: e.distance(bucket, size))
+
+    def as_dict(self) -> dict:
+        return {"kind": KIND, "schema": SCHEMA, "machine_kind": self.machine_kind,
+                "op": self.op, "provenance": self.provenance,
+                "key": "dtype, mode, batch bucket (next power of two >= B), size class "
+                       "(ceil(log2(O*I*P)))",
+                "entries": [e.__dict__ for e in self.entries]}
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "") -> Table:
+        if data.get("kind") != KIND:
+            raise ValueError(f"{source or 'table'}: not a dispatch table (kind "
+                             f"{data.get('kind')!r})")
+        if data.get("schema", SCHEMA) > SCHEMA:
+            raise ValueError(f"{source}: dispatch table schema {data['schema']} is newer than "
+                             f"this code's {SCHEMA}")
+        entries = tuple(Entry(str(e["dtype"]), str(e["mode"]), int(e["batch_bucket"]),
+                              int(e["size_class"]), str(e["winner"]))
+                        for e in data["entries"])
+        return cls(data["machine_kind"], data.get("op", "estimator"), entries,
+                   data.get("provenance", {}), source)
+
+
+def table_path(kind: str, table_dir: Path | None = None) -> Path:
+    return (TABLE_DIR if table_dir is None else table_dir) / f"{_slug(kind)}.json"
+
+
+@functools.cache
+def _load(kind: str, table_dir: Path) -> Table | None:
+    path = table_path(kind, table_dir)
+    if not path.exists():
+        return None
+    return Table.from_dict(json.loads(path.read_text()), str(path))
+
+
+def table_for(device_type: str, threads: int | None = None) -> Table | None:
+    """The shipped table for this machine kind (read once per process), None when none."""
+    return _load(machine_kind(device_type, threads), TABLE_DIR)
+
+
+_PICKS: dict[tuple, tuple[str | None, str]] = {}
+_HAS_TABLE: dict[tuple[str, int], bool] = {}
+
+
+def has_table(device_type: str) -> bool:
+    """Whether this machine kind ships a table (cached: the op asks on every call, so a
+    machine without one pays a dict lookup, not a call shape)."""
+    where = (device_type, torch.get_num_threads() if device_type == "cpu"
+             else torch.cuda.current_device() if device_type == "cuda" else 0)
+    known = _HAS_TABLE.get(where)
+    if known is None:
+        known = _HAS_TABLE[where] = (device_type in ("cpu", "cuda")
+                                     and table_for(device_type) is not None)
+    return known
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def measured_pick(op: str, device_type: str, dtype: torch.dtype,
+                  call: Call) -> tuple[str | None, str]:
+    """(the table's winner for this call or None, the rule that gave it, in words).
+
+    Cached per (op, device type, thread count, dtype, call): after the first call of a
+    shape this is one dict lookup."""
+    threads = torch.get_num_threads() if device_type == "cpu" else 0
+    key = (op, device_type, threads, torch.cuda.current_device() if device_type == "cuda"
+           else 0, dtype, call)
+    hit = _PICKS.get(key)
+    if hit is not None:
+        return hit
+    call = Call(*call)
+    table = table_for(device_type, threads) if op == "estimator" else None
+    if table is None:
+        answer: tuple[str | None, str] = (None, "no dispatch table for "
+                                          f"{machine_kind(device_type, threads)}")
+    else:
+        entry = table.lookup(_dtype_name(dtype), call)
+        name = Path(table.source).name or table.machine_kind
+        answer = ((None, f"{name} has no cell for {_dtype_name(dtype)} {call.mode}")
+                  if entry is None else
+                  (entry.winner, f"{name}: cell {entry.dtype} {entry.mode} B<="
+                                 f"{entry.batch_bucket} size 2^{entry.size_class}"))
+    if len(_PICKS) >= _PICKS_MAX:
+        _PICKS.clear()
+    _PICKS[key] = answer
+    return answer
+
+
+def clear_cache() -> None:
+    """Forget the tables read and the picks made (tests swap TABLE_DIR)."""
+    _load.cache_clear()
+    _PICKS.clear()
+    _HAS_TABLE.clear()
