@@ -47,9 +47,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """The benchmark suite on the default preset and whatever device is present;
-    `nox -s bench -- --preset quick|default|full --backends ... --device ...`."""
+    `nox -s bench -- --preset quick|default|full --backends ... --device ...`. The run's
+    dispatch table (measured winners) is installed into glai_kernels/dispatch/, so `auto`
+    follows this machine's measurements from then on."""
     _install(session, "bench")
-    session.run("glai-bench", "run", *session.posargs)
+    session.run("glai-bench", "run", "--install-dispatch", *session.posargs)
 
 
 @nox.session
