@@ -190,7 +190,7 @@ class GLAIHead(nn.Module):
                                        backend=chosen.name)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
-        name = backend_for(x_aug, self.backend)
+        name = backend_for(x_aug, self.backend, act, self.weight)
         self.backend_used = name
         return estimator(x_aug, act, self.weight, self.bias, backend=name)
 
