@@ -1,6 +1,7 @@
 """One GLAI training step on the sparse `cpp` backend against the original MLP's training step,
 per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP step; bench/
-NOTES.md, "Sparse kept-path estimator", "cpp performance pass", has prediction and result).
+NOTES.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
+(issue 13 target), second pass", have predictions and results).
 
     python -m bench.sparse_train_step [--heads A1 ... C2] [--threads 1] [--repeats 7]
 

@@ -11,7 +11,7 @@ pass over K entries per call): those are validated once, where a SparsePathWeigh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -72,8 +72,13 @@ def check_index(index: KeptIndex, device: torch.device, nnz: int) -> tuple[int, 
 
 def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
                  index: Sequence[torch.Tensor], bias: torch.Tensor | None = None,
-                 weight_name: str = "sw") -> SparseShape:
+                 weight_name: str = "sw",
+                 index_check: Callable[[KeptIndex, torch.device, int],
+                                       tuple[int, int, int, int]] | None = None) -> SparseShape:
     """Check ranks, sizes, dtypes and devices; return the call's SparseShape.
+
+    `index_check` replaces `check_index` (same arguments, same result and errors): a
+    SparsePathWeight's `checked_index_sizes` remembers the result for its own index.
 
     Raises ValueError (shapes, devices) or TypeError (dtypes, non-tensors), naming the
     argument; `weight_name` is what a message calls the kept-path weight.
@@ -96,7 +101,8 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
         if t.device != x.device:
             raise ValueError(
                 f"{WHO}: {name} must be on the same device as x ({x.device}), got {t.device}")
-    outputs, inputs, paths, groups = check_index(as_index(index), x.device, values.numel())
+    outputs, inputs, paths, groups = (index_check or check_index)(
+        as_index(index), x.device, values.numel())
     batch = x.shape[0]
     if act.shape[0] != batch:
         raise ValueError(f"{WHO}: act must have B = {batch} rows like x (act [B, P]), "

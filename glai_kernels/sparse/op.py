@@ -151,7 +151,7 @@ def estimator(
         raise TypeError(f"sparse estimator: sw must be a SparsePathWeight (glai_kernels.sparse."
                         f"from_dense(weight, mask)), got {type(sw).__name__}")
     index = sw.index
-    shape = check_inputs(x, act, sw.values, index, bias)
+    shape = check_inputs(x, act, sw.values, index, bias, index_check=sw.checked_index_sizes)
     impl = resolve(backend, x.device, x.dtype)
     save = torch.is_grad_enabled() and act.requires_grad
     if _eager(x, act, sw.values, bias):

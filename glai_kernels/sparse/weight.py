@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from glai_kernels.contract import SUPPORTED_DTYPES
+from glai_kernels.sparse.contract import check_index
 from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, build_index, index_from_entries
 
 
@@ -99,7 +100,27 @@ class SparsePathWeight(nn.Module):
 
     @property
     def index(self) -> KeptIndex:
-        return KeptIndex(*(getattr(self, name) for name in KeptIndex._fields))
+        # straight from the buffer dict: ten nn.Module.__getattr__ calls cost ≈ 15 µs, a
+        # visible share of a training step at the paper's B = 16 (bench/NOTES.md, "Training
+        # step ≤ MLP", second pass)
+        buffers = self._buffers
+        return KeptIndex(*(buffers[name] for name in KeptIndex._fields))
+
+    def checked_index_sizes(self, index: KeptIndex, device: torch.device, nnz: int
+                            ) -> tuple[int, int, int, int]:
+        """`contract.check_index(index, device, nnz)` ((O, I, P, G), or its error), remembered
+        while `index` holds the same tensor objects of the same sizes: the ten tensors'
+        checks cost ≈ 40 µs per call otherwise."""
+        # ids, not the tensors (a tuple compares elements with ==); the cache holds the
+        # tensors themselves, so no id can be reused by another tensor while it is cached
+        key = (device, nnz, tuple(map(id, index)),
+               tuple(t.shape if isinstance(t, torch.Tensor) else None for t in index))
+        cached = self.__dict__.get("_checked_index")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        sizes = check_index(index, device, key[1])
+        self.__dict__["_checked_index"] = (key, sizes, tuple(index))
+        return sizes
 
     @property
     def shape(self) -> tuple[int, int, int]:

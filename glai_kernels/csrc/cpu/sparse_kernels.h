@@ -11,8 +11,8 @@
 // Kernels never trust the index: every offset and index is range-checked before it is used
 // (a bad one is skipped and reported by a non-zero return), so a corrupt index cannot make
 // them read or write outside their buffers, except where a kernel's comment names a check the
-// caller runs first (inputs_in_range, groups_in_range: one pass over K or G per call, cheaper
-// than a check per entry in the hot loop).
+// caller runs first (groups_in_range: one pass over G per call, cheaper than a check per
+// entry in the hot loop).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +51,7 @@ template <typename T>
 struct Kernels {
   // Outputs [begin, end): y [B, O] if not null (y[b, o] = sum_g act[b, s_g] Zg[g, b], groups
   // in order) and the group sums zg [G, ld] of their groups if not null. The caller checks
-  // inputs_in_range first, and groups_in_range too when zg is null.
+  // groups_in_range first when zg is null (the kernel checks each group's inputs itself).
   int (*forward)(const Problem<T>& p, T* y, T* zg, int64_t begin, int64_t end);
   // Groups [begin, end): dvalues[k] = sum_b dy[b, o_g] act[b, s_g] x[b, i_k] for their entries.
   int (*dvalues)(const Problem<T>& p, T* dvalues, int64_t begin, int64_t end);
@@ -69,15 +69,6 @@ bool groups_in_range(const Problem<T>& p) {
   for (int64_t g = 0; g < p.groups; ++g)
     over |= (static_cast<uint32_t>(p.group_outputs[g]) >= static_cast<uint64_t>(p.outputs)) |
             (static_cast<uint32_t>(p.group_paths[g]) >= static_cast<uint64_t>(p.paths));
-  return over == 0;
-}
-
-// Whether every entry's input is in range: one pass over K, which the forward needs first.
-template <typename T>
-bool inputs_in_range(const Problem<T>& p) {
-  uint32_t over = 0;
-  for (int64_t k = 0; k < p.nnz; ++k)
-    over |= static_cast<uint32_t>(p.inputs_of[k]) >= static_cast<uint64_t>(p.inputs);
   return over == 0;
 }
 

@@ -18,10 +18,13 @@ count):
 The forward keeps Zg^T [G, ld] (float32 for half inputs) when act needs a gradient; dact then
 costs B·G instead of recomputing the group sums. Without Zg and with small groups (fewer than
 16 entries on average) the forward runs flat over each output's entries instead,
-y^T[o] = sum_k (v_k act^T[s_k]) x^T[i_k]. Every index is range-checked (per call for the
-arrays the hot loops read, per entry elsewhere): a corrupt index raises, it never reads or
-writes outside its tensors. `torch.ops.glai_ext.sparse_min_work(n)` sets the multiply-adds per
-thread below which a call uses fewer threads (0: always all of torch's threads; a test hook).
+y^T[o] = sum_k (v_k act^T[s_k]) x^T[i_k]. Every index is range-checked (the inputs the hot loops
+read by one vectorised pass per output or chunk of groups inside the kernel, the groups'
+(o, s) per call, the rest per use): a corrupt index raises, it never reads or writes outside
+its tensors. When B fits one or two vectors (B = 16 and 32 with AVX-512) the forward and
+dvalues run specialised loops with the same bits. `torch.ops.glai_ext.sparse_min_work(n)`
+sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
+torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
 `python -m bench.sparse_cpp_timing`.
 """
