@@ -43,6 +43,13 @@ def autocast_inputs(tensors: tuple, device_type: str, dtype: torch.dtype) -> tup
                  for t in tensors)
 
 
+def _resolved(backend: str | None, device: torch.device, dtype: torch.dtype,
+              call: dispatch.Call | None = None) -> str:
+    if device.type == "meta":
+        return registry.requested_name(backend)
+    return registry.resolve(backend, device, dtype, call).name
+
+
 @torch._dynamo.assume_constant_result
 def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype,
                   call: dispatch.Call | None = None) -> str:
@@ -55,9 +62,7 @@ def resolved_name(backend: str | None, device: torch.device, dtype: torch.dtype,
     keeps the backend chosen when it was traced. Meta tensors never reach a backend (the
     fake implementation computes their shapes): for them the name is only validated.
     """
-    if device.type == "meta":
-        return registry.requested_name(backend)
-    return registry.resolve(backend, device, dtype, call).name
+    return _resolved(backend, device, dtype, call)
 
 
 def auto_call(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
@@ -105,7 +110,14 @@ def estimator_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [B, O], saved) on the named backend; y = sum_{i,s} x[b,i] act[b,s] w[o,i,s] + bias."""
     shape = check_inputs(x, act, weight, bias)
-    impl = registry.resolve(backend, x.device, x.dtype)
+    return _run_forward(registry.resolve(backend, x.device, x.dtype), shape, x, act, weight,
+                        bias, save)
+
+
+def _run_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
+                 weight: torch.Tensor, bias: torch.Tensor | None,
+                 save: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward op's body once its inputs are checked (`shape`) and `impl` resolved."""
     saved = x.new_empty(0)
     if _is_empty(shape):
         # An empty sum is zero; no backend needs to see a zero-sized launch.
@@ -318,10 +330,52 @@ def estimator(
     if dtype is not None:
         # cast here, not only in the op, so the checks and the backend see the dtype it runs
         x, act, weight, bias = autocast_inputs((x, act, weight, bias), x.device.type, dtype)
-    check_inputs(x, act, weight, bias)
-    device = x.device
-    name = resolved_name(backend, device, x.dtype, auto_call(x, act, weight, backend,
-                                                             device.type))
+    shape = check_inputs(x, act, weight, bias)
+    if torch.compiler.is_compiling():
+        # a compiled graph keeps one backend, chosen by the priorities (auto_call is None)
+        name = resolved_name(backend, x.device, x.dtype)
+    else:
+        call = auto_call(x, act, weight, backend, x.device.type)
+        if dtype is None and _direct((x, act, weight, bias)):
+            return _direct_forward(registry.resolve(backend, x.device, x.dtype, call), shape,
+                                   x, act, weight, bias)
+        # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
+        name = _resolved(backend, x.device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = estimator_op(x, act, weight, bias, name, save)
+    return y
+
+
+# ---- eager calls that autograd will not record --------------------------------------------
+# Through torch.library a custom op call costs ~20 µs of Python (autograd wrapper, dispatch,
+# argument checks) before its body runs: 15% of the C2 forward at B = 16 (bench/NOTES.md,
+# "Small batch"). When nothing could observe the difference (no gradient recorded, plain
+# tensors, no dispatch or function mode, no functorch transform, no autocast) the body runs
+# directly, with the same checks and the same result checks.
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(tensors: tuple) -> bool:
+    """Whether a forward on `tensors` may skip the custom op (see above)."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type == "meta":
+            return False
+    return not (torch._C._len_torch_dispatch_stack()
+                or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active())
+
+
+def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`estimator_op(...)[0]` without the op: its body, and the check the op makes that a
+    result does not alias an input."""
+    y, _ = _run_forward(impl, shape, x, act, weight, bias, False)
+    # the check torch.library makes of a custom op's outputs (the same C++ function)
+    if torch._C._any_output_is_alias_to_input_or_output((x, act, weight, bias), {}, (y,)):
+        raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output that "
+                           "aliases an input; a custom op's outputs must be new tensors")
     return y

@@ -17,6 +17,7 @@ rounded once at the end: the contract's float32 accumulation, with no half inter
 Backward, with weight viewed as W2 [O*I, P] (a free view of the contiguous weight):
     U = dy[b, o] x[b, i] as [B, O*I];  dact = U @ W2 (if Z was not kept);  dweight = U^T @ act
     V = dy[b, o] act[b, s] as [B, O*P];  dx = V @ weight^T viewed [O*P, I]
+       (when B <= P: O GEMMs V_o [B, P] @ weight[o]^T summed over o, no copy of weight)
 Each is one GEMM with K in {O*I, B, O*P}. The measurements behind these choices are in
 bench/NOTES.md.
 """
@@ -92,10 +93,18 @@ def torch_backward(
         if need_weight:
             dweight = (u.t() @ act).view(outputs, inputs, paths)
     if need_x:
-        v = (dy.unsqueeze(2) * act.unsqueeze(1)).view(batch, outputs * paths)
-        # One GEMM with K = O*P beats O small ones; the transposed copy of weight is cheap
-        # next to it (O*I*P elements against 2*B*O*I*P flops).
-        dx = v @ weight.transpose(1, 2).reshape(outputs * paths, inputs)
+        if batch <= paths:
+            # Small batch: O GEMMs V_o [B, P] @ weight[o]^T, read in place, then a sum over
+            # o. The copy below writes O*I*P elements, more than the [O, B, I] partials here
+            # when B <= P, and at B = 16 the copy cost 3x the GEMMs (A1: 3.0 -> 0.8 ms,
+            # bench/NOTES.md "Small batch").
+            v = dy.t().unsqueeze(2) * act.unsqueeze(0)  # [O, B, P]
+            dx = torch.bmm(v, weight.transpose(1, 2)).sum(0)
+        else:
+            v = (dy.unsqueeze(2) * act.unsqueeze(1)).view(batch, outputs * paths)
+            # One GEMM with K = O*P beats O small ones; the transposed copy of weight is
+            # cheap next to it (O*I*P elements against 2*B*O*I*P flops).
+            dx = v @ weight.transpose(1, 2).reshape(outputs * paths, inputs)
     return tuple(None if g is None else g.to(dtype) for g in (dx, dact, dweight))  # type: ignore[return-value]
 
 
@@ -106,16 +115,17 @@ def saved_z_shape(shape: Shape) -> tuple[int, int, int]:
 def gemm_workspace(s: Shape, forward: bool, grads: frozenset[str]) -> int:
     """Elements of the intermediates above: Z [O, B, P] in every forward (kept for the
     backward when act needs a gradient); U [B, O*I] for dact or dweight; V [B, O*P] and the
-    transposed copy of weight [O*P, I] for dx. For half inputs these are float32 (two
-    elements of the input dtype each) and float32 copies of the inputs join them; the count
-    here is of elements, as for the other dtypes."""
+    transposed copy of weight [O*P, I] (or, when B <= P, partials [O, B, I]) for dx. For
+    half inputs these are float32 (two elements of the input dtype each) and float32 copies
+    of the inputs join them; the count here is of elements, as for the other dtypes."""
     b, i, p, o = s.batch, s.inputs, s.paths, s.outputs
     z = o * b * p
     if forward:
         return z
     kept = z if "act" in grads else 0
     u = b * o * i if {"act", "weight"} & grads else 0
-    v = b * o * p + o * i * p if "x" in grads else 0
+    # dx: V and either the transposed copy of weight or, when B <= P, the [O, B, I] partials
+    v = b * o * p + (o * b * i if b <= p else o * i * p) if "x" in grads else 0
     return kept + u + v
 
 

@@ -1,0 +1,109 @@
+"""The paper's batch size (issue 15 item 5): the paths added for it compute what the general
+ones do.
+
+- `estimator()` under no_grad runs the forward's body without the custom op (glai_kernels/
+  op.py, `_direct`): same result bits, same checks, and still refuses an aliasing output;
+- the cpp dx kernel's tall tile, taken when B fits one vector (24 rows of i at a time with
+  AVX-512, 12 otherwise), on every instruction set and on shapes whose I is not a multiple
+  of the tile;
+- the torch backend's dx at B <= P (batched GEMMs on weight in place, no transposed copy).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glai_kernels
+from glai_kernels import extension, registry
+from glai_kernels.backends.torch import torch_backward
+from glai_kernels.op import estimator_op
+
+# (B, I, P, O): B within one float32 vector of AVX-512 (16) or AVX2 (8); I around the tall
+# tile (24 and 12 rows), with remainders; P with and without a partial vector
+SHAPES = [(16, 385, 128, 3), (16, 47, 33, 5), (8, 24, 16, 2), (5, 100, 7, 4), (12, 73, 64, 3),
+          (1, 30, 5, 1), (3, 12, 17, 2)]
+
+
+def _inputs(shape, dtype=torch.float32, seed=0):
+    b, i, p, o = shape
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, i, generator=g, dtype=dtype),
+            torch.rand(b, p, generator=g, dtype=dtype),
+            torch.randn(o, i, p, generator=g, dtype=dtype),
+            torch.randn(b, o, generator=g, dtype=dtype))
+
+
+def _dx64(dy, act, weight):
+    return torch.einsum("bo,ois,bs->bi", dy.double(), weight.double(), act.double())
+
+
+@pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
+def test_direct_forward_is_the_op(backend):
+    """Under no_grad, estimator() gives the custom op's result, bit for bit, bias included."""
+    if registry.get(backend).unsupported_reason("cpu", torch.float32) is not None:
+        pytest.skip(f"{backend} is unavailable here")
+    x, act, weight, _ = _inputs((16, 70, 24, 5))
+    bias = torch.randn(5)
+    with torch.no_grad():
+        direct = glai_kernels.estimator(x, act, weight, bias, backend=backend)
+    through_op = estimator_op(x, act, weight, bias, backend, False)[0]
+    assert torch.equal(direct, through_op)
+
+
+def test_direct_forward_still_refuses_an_aliasing_output():
+    """A backend returning a view of its input is refused on the direct path as by the op."""
+    def aliasing(x, act, weight):
+        return x[:, : weight.shape[0]]
+
+    registry.register(registry.Backend(name="aliasing", forward=aliasing, backward=aliasing,
+                                       devices=("cpu",), description="test backend"))
+    try:
+        x, act, weight, _ = _inputs((4, 6, 3, 6))
+        with torch.no_grad(), pytest.raises(RuntimeError, match="alias"):
+            glai_kernels.estimator(x, act, weight, backend="aliasing")
+        with pytest.raises(RuntimeError, match="alias"):
+            estimator_op(x, act, weight, None, "aliasing", False)
+    finally:
+        registry.unregister("aliasing")
+
+
+def test_direct_forward_keeps_the_input_checks():
+    x, act, weight, _ = _inputs((4, 6, 3, 2))
+    with torch.no_grad(), pytest.raises((ValueError, RuntimeError)):
+        glai_kernels.estimator(x, act[:, :2], weight, backend="torch")
+
+
+@pytest.fixture(params=["avx512", "avx2", "portable"])
+def isa(request):
+    if extension.build().error is not None:
+        pytest.skip(f"the extension is unavailable here: {extension.build().error}")
+    previous = torch.ops.glai_ext.cpu_isa()
+    try:
+        torch.ops.glai_ext.cpu_isa(request.param)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    yield request.param
+    torch.ops.glai_ext.cpu_isa(previous)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cpp_dx_at_small_batch(isa, shape, dtype):
+    x, act, weight, dy = _inputs(shape, dtype)
+    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
+                                     True, False, False)[0]
+    ref = _dx64(dy, act, weight)
+    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
+    assert (dx.double() - ref).abs().max() <= bound
+
+
+@pytest.mark.parametrize("shape", [(16, 385, 128, 3), (4, 30, 5, 2), (8, 10, 8, 3)])
+def test_torch_dx_small_batch_path(shape):
+    """B <= P takes the batched-GEMM dx; it matches the float64 reference, and so does the
+    path for B > P (the same shape with P cut below B)."""
+    x, act, weight, dy = _inputs(shape)
+    for a, w in ((act, weight), (act[:, :2], weight[:, :, :2])):
+        dx, _, _ = torch_backward(dy, x, a, w.contiguous(), (True, False, False))
+        ref = _dx64(dy, a, w)
+        assert (dx.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
