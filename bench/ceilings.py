@@ -72,6 +72,9 @@ class Ceilings:
     triad_bytes_per_s: float = math.nan
     cache_triad_bytes_per_s: float = math.nan
     peak_error: str | None = None
+    # the run's threads' private caches together (L2 per core x threads) and their triad rate
+    l2_bytes: int = 0
+    l2_triad_bytes_per_s: float = math.nan
 
     @property
     def physical(self) -> bool:
@@ -87,8 +90,12 @@ class Ceilings:
         return self.matmul_flops.get(dtype, math.nan), LIBRARY_GEMM
 
     def bandwidth(self, nbytes: int) -> tuple[float, str]:
-        """(bytes/s, "cache" or "memory"): the cache's when `nbytes` fits in half of it
-        (a CPU benchmark re-runs on the same inputs, which then stay cached)."""
+        """(bytes/s, "L2", "cache" or "memory"): the threads' L2 caches' when `nbytes` fits
+        in half of them, the last-level cache's when in half of it (a CPU benchmark re-runs
+        on the same inputs, which then stay cached), else main memory's."""
+        if (self.l2_bytes and nbytes <= self.l2_bytes // 2
+                and math.isfinite(self.l2_triad_bytes_per_s)):
+            return self.l2_triad_bytes_per_s, "L2"
         cache = _best(self.cache_copy_bytes_per_s, self.cache_triad_bytes_per_s)
         if self.cache_bytes and nbytes <= self.cache_bytes // 2 and math.isfinite(cache):
             return cache, "cache"
@@ -99,7 +106,7 @@ class Ceilings:
         return max(flops / self.compute_peak(dtype)[0], nbytes / self.bandwidth(nbytes)[0])
 
     def bound(self, flops: int, nbytes: int, dtype: str) -> str:
-        """"compute", or the memory level ("cache", "memory") that sets the floor."""
+        """"compute", or the memory level ("L2", "cache", "memory") that sets the floor."""
         bandwidth, level = self.bandwidth(nbytes)
         return "compute" if flops / self.compute_peak(dtype)[0] >= nbytes / bandwidth else level
 
@@ -128,12 +135,29 @@ class Ceilings:
             _best(self.triad_bytes_per_s, other.triad_bytes_per_s),
             _best(self.cache_triad_bytes_per_s, other.cache_triad_bytes_per_s),
             self.peak_error if self.physical or not other.physical else other.peak_error,
+            self.l2_bytes or other.l2_bytes,
+            _best(self.l2_triad_bytes_per_s, other.l2_triad_bytes_per_s),
         )
 
 
 def _best(a: float, b: float) -> float:
     """The higher of two rates, a NaN (not measured) losing to a number."""
     return max((v for v in (a, b) if math.isfinite(v)), default=math.nan)
+
+
+def cache_bytes_at(level: int) -> int:
+    """cpu0's data or unified cache of `level` in bytes (from sysfs), 0 when unknown."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if int((index / "level").read_text()) != level or (
+                    index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    return 0
 
 
 def last_level_cache_bytes() -> int:
@@ -205,8 +229,8 @@ def cpu_physical(dtypes: tuple[str, ...], min_time_s: float, threads: int | None
                  llc: int = 0, triads: bool = True) -> dict:
     """The physical fields of `Ceilings` on this CPU: every peak kernel it can run at one
     thread and at `threads` (default torch.get_num_threads()), the ceiling per dtype, and the
-    triad's bandwidth (with `triads`) DRAM-sized and (with `llc`) sized to half the
-    last-level cache. A
+    triad's bandwidth (with `triads`) DRAM-sized, sized to half the threads' L2 caches and
+    (with `llc`) to half the last-level cache. A
     failed build gives only `peak_error`."""
     from bench import native_peak
     from bench.physical import KERNEL_ISA, Machine, cpu_compute_ceiling
@@ -225,10 +249,17 @@ def cpu_physical(dtypes: tuple[str, ...], min_time_s: float, threads: int | None
              if triads else math.nan)
     cache = (max(native_peak.triad_rate(llc // 2, n, min_time_s) for n in {1, threads})
              if llc and triads else math.nan)
+    l2 = cache_bytes_at(2) if triads else 0
+    # private caches: n threads do at most n times one thread's rate, and at least what
+    # was measured with n (on a shared machine the n-thread sample carries others' load)
+    l2_rate = (max(threads * native_peak.triad_rate(l2 // 2, 1, min_time_s),
+                   native_peak.triad_rate(threads * l2 // 2, threads, min_time_s))
+               if l2 else math.nan)
     return {"peak_flops": {d: v for d, (v, _) in chosen.items() if math.isfinite(v)},
             "peak_how": {d: how for d, (_, how) in chosen.items()},
             "peak_kernels": kernels, "threads": threads, "triad_bytes_per_s": triad,
-            "cache_triad_bytes_per_s": cache}
+            "cache_triad_bytes_per_s": cache, "l2_bytes": threads * l2,
+            "l2_triad_bytes_per_s": l2_rate}
 
 
 def cuda_physical(device: torch.device, dtypes: tuple[str, ...],
@@ -277,6 +308,10 @@ def measure(device: torch.device, dtypes: tuple[str, ...], min_time_s: float = 0
         details["cache_copy"] = (f"copy_ of {llc // 4 // 2**10} KiB float32 (last-level cache "
                                  f"{llc // 2**20} MiB), read + write bytes")
         details["cache_triad"] = f"triad over {llc // 2 // 2**10} KiB (three arrays together)"
+    if ceilings.l2_bytes:
+        details["l2_triad"] = (f"triad over half of {ceilings.l2_bytes // 2**10} KiB (the run's "
+                               "threads' L2 caches), the higher of the threads together and "
+                               "threads x one thread")
     return ceilings
 
 

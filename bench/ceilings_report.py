@@ -36,9 +36,10 @@ def table_lines(c: dict) -> list[str]:
             why = c.get("peak_error") or "no physical peak recorded"
             lines.append(f"| **compute {dtype}** (the ceiling: {LIBRARY_GEMM}, fallback) | "
                          f"{_gflops(c['matmul_flops'][dtype])} | {why} |")
-    for kernel, (one, many) in (c.get("peak_kernels") or {}).items():
+    for n, (kernel, (one, many)) in enumerate((c.get("peak_kernels") or {}).items()):
+        how = details.get("peak", "") if n == 0 else "the same"
         lines.append(f"| peak kernel {kernel} | {_gflops(one)} (1 thread), {_gflops(many)} "
-                     f"({threads} threads) | {details.get('peak', '')} |")
+                     f"({threads} threads) | {how} |")
     for dtype, flops in c["matmul_flops"].items():
         lines.append(f"| {LIBRARY_GEMM} {dtype} (reference, not the ceiling) | {_gflops(flops)} "
                      f"| {details.get('matmul_' + dtype, '')} |")
@@ -51,6 +52,9 @@ def table_lines(c: dict) -> list[str]:
         if "cache_triad_bytes_per_s" in c:
             lines.append(f"| triad in cache | {_gbps(c['cache_triad_bytes_per_s'])} | "
                          f"{details.get('cache_triad', '')} |")
+    if c.get("l2_bytes"):
+        lines.append(f"| triad in L2 | {_gbps(c.get('l2_triad_bytes_per_s'))} | "
+                     f"{details.get('l2_triad', '')} |")
     lines += ["", "The memory ceiling at each level is the higher of copy and triad."]
     return lines
 

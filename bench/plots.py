@@ -85,6 +85,10 @@ def roofline(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         if math.isfinite(cache_bw) and (sub["bound"] == "cache").any():
             ax.plot(xs, np.minimum(peak, xs * cache_bw), color="black", lw=1, ls="--",
                     label=f"cache ceiling: {cache_bw:.0f} GB/s (data fitting in cache)")
+        l2_bw = ceil.l2_triad_bytes_per_s / 1e9
+        if math.isfinite(l2_bw) and (sub["bound"] == "L2").any():
+            ax.plot(xs, np.minimum(peak, xs * l2_bw), color="black", lw=1, ls="-.",
+                    label=f"L2 ceiling: {l2_bw:.0f} GB/s (data fitting in the threads' L2)")
         gemm = ceil.matmul_flops.get(dtype, math.nan) / 1e9
         if how != LIBRARY_GEMM and math.isfinite(gemm):
             ax.axhline(gemm, color="gray", lw=1, ls=":",
