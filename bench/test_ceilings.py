@@ -4,6 +4,7 @@ above its floor, every committed run under reports/, and a fresh tiny run."""
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from pathlib import Path
@@ -162,3 +163,20 @@ def test_a_fresh_tiny_run_stays_under_100_percent():
     recomputed = shares.recompute(rows, Ceilings(**out.meta["ceilings"]))
     assert recomputed.dropna().tolist() == pytest.approx(rows["roofline_pct"].dropna().tolist())
     assert not shares.describe(shares.over_limit(rows, recomputed))
+
+
+def test_the_guard_over_committed_runs_bites_once_they_have_physical_ceilings(tmp_path):
+    shape = Shape(16, 385, 128, 37)
+    c = Ceilings({"float32": 2e11}, 4e10, peak_flops={"float32": 5e11})
+    floor = c.floor_s(PASSES["forward"].flops(shape), PASSES["forward"].min_bytes(shape, 4),
+                      "float32")
+    run = {"ceilings": c.as_dict(), "rows": [_row(shape, floor / 2)]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(run))
+    assert shares.committed_runs(tmp_path) == [path]
+    stale, bad = shares.check_run(path)
+    assert stale is None and len(bad) == 1 and "200%" in bad[0]
+    # the same run without physical ceilings cannot be judged: the guard says why
+    run["ceilings"] = {"matmul_flops": {"float32": 2e11}, "copy_bytes_per_s": 4e10}
+    path.write_text(json.dumps(run))
+    assert shares.check_run(path) == (shares.STALE, [])
