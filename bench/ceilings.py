@@ -226,7 +226,7 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None,
 
 
 def cpu_physical(dtypes: tuple[str, ...], min_time_s: float, threads: int | None = None,
-                 llc: int = 0, triads: bool = True) -> dict:
+                 llc: int = 0, triads: bool = True, rounds: int = 3) -> dict:
     """The physical fields of `Ceilings` on this CPU: every peak kernel it can run at one
     thread and at `threads` (default torch.get_num_threads()), the ceiling per dtype, and the
     triad's bandwidth (with `triads`) DRAM-sized, sized to half the threads' L2 caches and
@@ -239,9 +239,11 @@ def cpu_physical(dtypes: tuple[str, ...], min_time_s: float, threads: int | None
     error = native_peak.load()
     if error is not None:
         return {"peak_error": error, "threads": threads}
-    kernels = {k: [native_peak.fma_rate(k, 1, min_time_s), native_peak.fma_rate(k, threads,
-                                                                                 min_time_s)]
+    kernels = {k: [native_peak.fma_rate(k, n, min_time_s, rounds) for n in (1, threads)]
                for k in native_peak.available_kernels()}
+    if not kernels:
+        return {"peak_error": "no peak kernel for this CPU's instruction sets (x86-64 "
+                              "AVX2/AVX-512 only)", "threads": threads}
     machine = Machine(frozenset(KERNEL_ISA[k] for k in kernels), threads,
                       {k: (v[0], v[1]) for k, v in kernels.items()})
     chosen = {d: cpu_compute_ceiling(machine, d) for d in dtypes}
@@ -328,5 +330,5 @@ def refresh(ceilings: Ceilings, device: torch.device, min_time_s: float = 0.03) 
     cache = (copy_bandwidth(device, ceilings.cache_bytes // 4, min_time_s)
              if ceilings.cache_bytes else math.nan)
     physical = (cpu_physical(tuple(ceilings.peak_flops), min_time_s / 3, ceilings.threads or None,
-                             triads=False) if ceilings.physical else {})
+                             triads=False, rounds=1) if ceilings.physical else {})
     return ceilings.best_of(Ceilings(flops, copy, cache, ceilings.cache_bytes, **physical))
