@@ -20,6 +20,7 @@ import functools
 import hashlib
 import math
 import os
+import time
 
 import torch
 
@@ -28,6 +29,8 @@ from glai_kernels import extension
 SOURCE = extension.CSRC / "cpu" / "peak.cpp"
 LIBRARY = "glai_peak"
 # kernel name in peak.cpp -> (instruction set it needs, dtype whose ceiling it measures)
+# one timed run of a peak kernel lasts about this long (see fma_rate)
+SAMPLE_S = 0.002
 KERNELS: dict[str, tuple[str, str]] = {
     "avx512_f32": ("avx512f", "float32"),
     "avx2_f32": ("avx2", "float32"),
@@ -69,8 +72,15 @@ def load() -> str | None:
     return None
 
 
+def _require() -> None:
+    error = load()
+    if error is not None:
+        raise RuntimeError(error)
+
+
 def supports(isa: str) -> bool:
-    """Whether this CPU has `isa` ("avx512f", "avx2" with FMA, "avx512bf16"); needs load()."""
+    """Whether this CPU has `isa` ("avx512f", "avx2" with FMA, "avx512bf16")."""
+    _require()
     return bool(torch.ops.glai_peak.supports(isa))
 
 
@@ -82,30 +92,49 @@ def available_kernels() -> list[str]:
 
 
 def fma_rate(kernel: str, threads: int, min_time_s: float = 0.05, rounds: int = 3) -> float:
-    """Best FLOP/s of `kernel` on `threads` threads over `rounds` runs of about min_time_s."""
-    iterations = 1 << 16
-    while True:  # grow the run until one takes min_time_s: the clock's cost then vanishes
+    """Best FLOP/s of `kernel` on `threads` threads: the fastest of short runs (about
+    SAMPLE_S each) repeated for about min_time_s, at least `rounds` of them.
+
+    Short runs, not one long one: on a shared machine a run longer than the scheduler's time
+    slice is almost always interrupted, while some short ones run undisturbed, as the timed
+    kernels' calls (milliseconds) do; a ceiling measured with long runs would fall below
+    what those calls reach."""
+    _require()
+    iterations = 1 << 10
+    while True:  # grow a run until it takes SAMPLE_S: the clock's cost then vanishes
         seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
-        if seconds >= min_time_s or iterations > 1 << 34:
+        if seconds >= SAMPLE_S or iterations > 1 << 34:
             break
-        iterations = int(iterations * max(2.0, 1.2 * min_time_s / max(seconds, 1e-6)))
-    best = flops / seconds
-    for _ in range(rounds - 1):
+        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
+    best, samples, start = flops / seconds, 1, time.perf_counter()
+    while samples < rounds or time.perf_counter() - start < min_time_s:
         seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
-        best = max(best, flops / seconds)
+        best, samples = max(best, flops / seconds), samples + 1
     return best
 
 
-def triad_rate(nbytes: int, threads: int, min_time_s: float = 0.05) -> float:
+def triad_rate(nbytes: int, threads: int, min_time_s: float = 0.05,
+               slices: int = 1) -> float:
     """Best bytes/s of a triad over three float32 arrays of `nbytes` together (each counted
-    once), the fastest of as many rounds as fit in about min_time_s."""
-    n = max(16, nbytes // 12)
+    once). With `slices` > 1 each timed round covers one slice of the arrays, the slices in
+    turn, so a round stays short (see fma_rate) while the slice it reads was last touched
+    `slices - 1` slices ago: out of cache when the other slices exceed it (DRAM-sized)."""
+    _require()
+    n = max(16, nbytes // 12 // slices * slices)
     b, c = torch.ones(n), torch.full((n,), 0.5)
     a = torch.empty(n)
-    seconds = torch.ops.glai_peak.triad(a, b, c, 0.25, 1, threads)  # warm, and size the rounds
-    reps = int(min(1000, max(3, min_time_s / max(seconds, 1e-7))))
-    best = torch.ops.glai_peak.triad(a, b, c, 0.25, reps, threads)
+    m = n // slices
+    views = [(a[k * m:(k + 1) * m], b[k * m:(k + 1) * m], c[k * m:(k + 1) * m])
+             for k in range(slices)]
+    torch.ops.glai_peak.triad(a, b, c, 0.25, 1, threads)  # touch every page once
+    best, samples, start = math.inf, 0, time.perf_counter()
+    while samples < 3 * slices or time.perf_counter() - start < min_time_s:
+        va, vb, vc = views[samples % slices]
+        # within one slice, one round when the slices rotate (the next round would find it
+        # cached), several otherwise (cache-sized: the rounds after the first are the point)
+        best = min(best, torch.ops.glai_peak.triad(va, vb, vc, 0.25, 1 if slices > 1 else 8,
+                                                   threads))
+        samples += 1
     if not math.isclose(float(a[-1]), 1.125):
         raise RuntimeError("glai_peak::triad computed a wrong result")
-    return 3 * n * 4 / min(best, seconds)
-
+    return 3 * m * 4 / best
