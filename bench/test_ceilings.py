@@ -152,7 +152,7 @@ def test_a_fresh_tiny_run_stays_under_100_percent():
     preset = Preset(name="tiny-shares", description="test preset",
                     sweeps=(Sweep("heads", ("A2",), "batch", (2, 16)),),
                     dtypes=("float32",), min_time_s=0.01, rounds=2, max_call_s=1.0,
-                    ceiling_time_s=0.05)
+                    ceiling_time_s=0.03)
     backends = ["einsum", "torch"] + (["cpp"] if extension.cpu_availability("cpu") is None
                                       else [])
     out = suite.run(preset, device="cpu", backends=backends, plots=False, progress=False,
