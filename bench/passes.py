@@ -8,6 +8,10 @@ measurement includes what a user pays: the op's checks, its dispatch and autogra
               saved state, exactly what autograd calls
     both      forward + all three gradients, one torch.autograd.grad call
     train     forward + dweight only: GLAI's training step (frozen selector and backbone)
+
+Costs are the contract's minimum counts (docs/ARCHITECTURE.md §2): `Shape.flops` (forward,
+dx and dweight 2·B·I·P·O each, dact 2·B·O·P from the kept Z) and `Shape.min_bytes`, so a
+share of the roofline above 100% means the model is wrong (bench/shares.py).
 """
 
 from __future__ import annotations

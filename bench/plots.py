@@ -1,7 +1,8 @@
 """The report's charts (matplotlib, Agg, ~100 dpi), each from the results table alone.
 
 - roofline.png: achieved GFLOP/s against arithmetic intensity, every backend's points
-  under this run's measured ceilings (one panel per dtype).
+  under this run's measured physical ceilings (one panel per dtype), the library GEMM's rate
+  as a dotted reference line.
 - speedup_heads.png: speedup over the baseline backend, heads × batch, one heatmap per
   backend; below it, when peers ran (bench/peers.py), the ratio to the best peer.
 - speedup_sweeps.png: speedup over the baseline along each one-axis sweep, backends × values;
@@ -30,6 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm, TwoSlopeNorm
 
+from bench.ceilings import LIBRARY_GEMM, Ceilings
 from bench.results import PEER_COLUMN
 from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
@@ -68,22 +70,32 @@ def roofline(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         return None
     dtypes = list(dict.fromkeys(timed["dtype"]))
     colors = _colors(list(dict.fromkeys(df["backend"])))
-    ceil = meta["ceilings"]
-    bw = ceil["copy_bytes_per_s"] / 1e9
+    ceil = Ceilings(**meta["ceilings"])
+    bw = ceil.bandwidth(2**62)[0] / 1e9  # main memory's: no case fits in cache at that size
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes) + 1.5, 5),
                              squeeze=False, layout="constrained")
     for ax, dtype in zip(axes[0], dtypes, strict=True):
         sub = timed[timed["dtype"] == dtype]
-        peak = ceil["matmul_flops"].get(dtype, math.nan) / 1e9
+        peak, how = ceil.compute_peak(dtype)
+        peak /= 1e9
         lo = min(sub["intensity"].min(), peak / bw) / 3
         hi = max(sub["intensity"].max(), peak / bw) * 3
         xs = np.geomspace(lo, hi, 200)
+        what = "physical peak" if how != LIBRARY_GEMM else f"{LIBRARY_GEMM} (no physical peak)"
         ax.plot(xs, np.minimum(peak, xs * bw), color="black", lw=2,
-                label=f"ceiling: {peak:.0f} GFLOP/s matmul, {bw:.0f} GB/s copy")
-        cache_bw = ceil.get("cache_copy_bytes_per_s", math.nan) / 1e9
+                label=f"ceiling: {peak:.0f} GFLOP/s {what}, {bw:.0f} GB/s memory")
+        cache_bw = ceil.bandwidth(1)[0] / 1e9 if ceil.cache_bytes else math.nan
         if math.isfinite(cache_bw) and (sub["bound"] == "cache").any():
             ax.plot(xs, np.minimum(peak, xs * cache_bw), color="black", lw=1, ls="--",
                     label=f"cache ceiling: {cache_bw:.0f} GB/s (data fitting in cache)")
+        l2_bw = ceil.l2_triad_bytes_per_s / 1e9
+        if math.isfinite(l2_bw) and (sub["bound"] == "L2").any():
+            ax.plot(xs, np.minimum(peak, xs * l2_bw), color="black", lw=1, ls="-.",
+                    label=f"L2 ceiling: {l2_bw:.0f} GB/s (data fitting in the threads' L2)")
+        gemm = ceil.matmul_flops.get(dtype, math.nan) / 1e9
+        if how != LIBRARY_GEMM and math.isfinite(gemm):
+            ax.axhline(gemm, color="gray", lw=1, ls=":",
+                       label=f"{LIBRARY_GEMM}: {gemm:.0f} GFLOP/s (torch.mm, reference)")
         for (backend, pass_), g in sub.groupby(["backend", "pass"], sort=False):
             wrong = g["status"] == "wrong"
             ax.scatter(g.loc[~wrong, "intensity"], g.loc[~wrong, "gflops"], s=28, alpha=0.8,

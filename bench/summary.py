@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench import ceilings_report
 from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -26,7 +27,7 @@ def _cell(row: pd.Series) -> str:
     s = f" {speedup:.2f}×" if pd.notna(speedup) else " (baseline not measured)"
     s += _peer_part(row)
     roof = row["roofline_pct"]
-    r = f", {roof:.0f}% roof" if pd.notna(roof) else ""
+    r = f", {roof:.0f}% roof{ceilings_report.flag(roof)}" if pd.notna(roof) else ""
     return f"**{row['backend']}**{s}{r}"
 
 
@@ -163,16 +164,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
                   ""]
     lines += ["## Machine and provenance", "", "| field | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in p.items()]
-    lines += ["", "## Ceilings measured in this run", "", "| ceiling | value | how |",
-              "|---|---|---|"]
-    for dtype, flops in c["matmul_flops"].items():
-        lines.append(f"| matmul {dtype} | {flops / 1e9:.1f} GFLOP/s | "
-                     f"{c['details'].get('matmul_' + dtype, '')} |")
-    lines.append(f"| copy | {c['copy_bytes_per_s'] / 1e9:.1f} GB/s | "
-                 f"{c['details'].get('copy', '')} |")
-    if c.get("cache_bytes"):
-        lines.append(f"| copy in cache | {c['cache_copy_bytes_per_s'] / 1e9:.1f} GB/s | "
-                     f"{c['details'].get('cache_copy', '')} |")
+    lines += ["", "## Ceilings measured in this run", "", *ceilings_report.table_lines(c)]
     if "measured" in c["details"]:
         lines += ["", f"Each ceiling is {c['details']['measured']}."]
     lines += ["", f"Peak memory: {meta['memory_method']}. Energy: {meta['energy']}.", "",
@@ -185,14 +177,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
               f"the baseline ({baseline}), its ratio to the best peer (the fastest of "
               f"{', '.join(meta.get('peers') or ['no peer'])}: what a user would write "
               "instead; above 1× is faster) and its % of the roofline floor.", ""]
-    if (df["roofline_pct"] > 100).any():
-        lines += ["A share above 100% is not an error: the roofline's compute ceiling is this "
-                  "run's own `torch.mm` rate (the machine's matmul as torch reaches it), not the "
-                  "chip's datasheet peak, so a kernel that uses the core better than that "
-                  "library call passes it; and the passes' FLOP counts are "
-                  "docs/ARCHITECTURE.md §2's three "
-                  "GEMMs, while a backend that keeps Z = x·W from the forward computes dact "
-                  "with fewer. See bench/NOTES.md, 'Shares above 100% of the roofline'.", ""]
+    lines += ceilings_report.over_limit_lines(df)
     for dtype in meta["preset"]["dtypes"]:
         for pass_ in ("both", "train", "forward", "backward"):
             t = winners_table(df, dtype, pass_)

@@ -118,7 +118,9 @@ def test_pass_costs_come_from_the_contract():
     s = Shape(3, 5, 7, 11)
     b, i, p, o = 3, 5, 7, 11
     assert PASSES["forward"].flops(s) == 2 * b * i * p * o
-    assert PASSES["both"].flops(s) == 4 * PASSES["forward"].flops(s)
+    # the minimum: dx and dweight a forward's work each, dact 2·B·O·P from the kept Z
+    assert PASSES["both"].flops(s) == 3 * PASSES["forward"].flops(s) + 2 * b * o * p
+    assert PASSES["backward"].flops(s) == 2 * PASSES["forward"].flops(s) + 2 * b * o * p
     assert PASSES["train"].flops(s) == 2 * PASSES["forward"].flops(s)
     forward = b * i + b * p + o * i * p + b * o
     # train: the forward, then read dy, x, act and write dweight

@@ -46,15 +46,29 @@ class Shape:
         """2·B·I·P·O: one multiply and one add per (b, o, i, s)."""
         return 2 * self.batch * self.inputs * self.paths * self.outputs
 
+    def gradient_flops(self, grad: str) -> int:
+        """The fewest FLOPs of one gradient (docs/ARCHITECTURE.md §2.1): dx and dweight
+        2·B·I·P·O each (a GEMM with a Khatri-Rao operand), dact 2·B·O·P from the forward's
+        kept Z (dact[b, s] = sum_o dy[b, o]·Z[b, o, s])."""
+        if grad == "act":
+            return 2 * self.batch * self.outputs * self.paths
+        if grad in ("x", "weight"):
+            return self.forward_flops()
+        raise ValueError(f"unknown gradient {grad!r}; known: {', '.join(GRADIENTS)}")
+
     def flops(self, pass_: Pass = "forward", grads: tuple[str, ...] = GRADIENTS) -> int:
-        """Floating-point operations; each gradient of `grads` costs as much as the forward."""
-        backward = len(grads) * self.forward_flops()
+        """The fewest floating-point operations the pass needs: forward 2·B·I·P·O; a backward
+        computing `grads` the sum of their `gradient_flops` (dact at 2·B·O·P from a kept
+        Z); "both" the two. A minimum: a backend that recomputes dact does more."""
+        backward = sum(self.gradient_flops(g) for g in grads)
         return {"forward": self.forward_flops(), "backward": backward,
                 "both": self.forward_flops() + backward}[pass_]
 
     def min_elements(self, pass_: Pass = "forward", grads: tuple[str, ...] = GRADIENTS) -> int:
-        """Fewest elements read or written once each (docs/ARCHITECTURE.md §2); the backward
-        computes `grads`."""
+        """Fewest elements read or written once each (docs/ARCHITECTURE.md §2.2); the backward
+        computes `grads`. dact alone reads dy and the cheaper of the kept Z [B, O, P] and the
+        (x, weight) it could be recomputed from, so the count stays a lower bound for either
+        algorithm (Z counted in elements, though the CPU kernels keep it in float32)."""
         b, i, p, o = self.batch, self.inputs, self.paths, self.outputs
         size = {"x": b * i, "act": b * p, "weight": o * i * p}
         forward = b * i + b * p + o * i * p + b * o
@@ -62,6 +76,8 @@ class Shape:
         # writes each gradient: all three read dy, x, act, weight and write dx, dact, dweight
         read = {other for g in grads for other in GRADIENTS if other != g}
         backward = b * o + sum(size[t] for t in read) + sum(size[g] for g in grads)
+        if tuple(grads) == ("act",):
+            backward = b * o + min(b * o * p, size["x"] + size["weight"]) + size["act"]
         return {"forward": forward, "backward": backward, "both": forward + backward}[pass_]
 
     def min_bytes(self, itemsize: int, pass_: Pass = "forward",

@@ -1,0 +1,140 @@
+"""The CPU's physical ceilings, measured by native microbenchmarks (glai_kernels/csrc/cpu/peak.cpp).
+
+The library `glai_peak` is built just in time like glai_ext (`glai_kernels.extension`: the same
+compiler, flags and cache root, in a directory of its own per source hash), but apart from it:
+a failed build here leaves the kernels alone and makes `load()` return the reason, which the
+ceilings then carry as their label (the fallback is the library GEMM's rate, flagged).
+
+- `fma_rate(kernel, threads)`: FLOP/s of `threads` threads each issuing 12 independent chains
+  of FMA (float32/float64, AVX-512 or AVX2) or bf16 dot products (`vdpbf16ps`: 2 products
+  and 2 adds per float32 lane, 4 FLOPs per lane) on finite, non-denormal values.
+- `triad_rate(nbytes, threads)`: bytes/s of a[i] = b[i] + s·c[i] on three float32 arrays of
+  `nbytes` together, counting each array once (3·n·4 bytes, STREAM's convention: the
+  write-allocate read of `a` that a cache without streaming stores does is *not* counted,
+  so the rate is what the kernels' byte counts, which also count each tensor once, compare with).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import time
+
+import torch
+
+from glai_kernels import extension
+
+SOURCE = extension.CSRC / "cpu" / "peak.cpp"
+LIBRARY = "glai_peak"
+# kernel name in peak.cpp -> (instruction set it needs, dtype whose ceiling it measures)
+# one timed run of a peak kernel lasts about this long (see fma_rate)
+SAMPLE_S = 0.002
+KERNELS: dict[str, tuple[str, str]] = {
+    "avx512_f32": ("avx512f", "float32"),
+    "avx2_f32": ("avx2", "float32"),
+    "avx512_f64": ("avx512f", "float64"),
+    "avx2_f64": ("avx2", "float64"),
+    "avx512bf16": ("avx512bf16", "bfloat16"),
+}
+
+
+def _directory():
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (*extension.CFLAGS, *extension.LDFLAGS, extension.cxx_compiler(),
+                 torch.__version__):
+        h.update(part.encode() + b"\0")
+    return extension.cache_root() / f"{LIBRARY}-{torch.__version__}-{h.hexdigest()[:16]}"
+
+
+@functools.cache
+def load() -> str | None:
+    """Build (or load from the cache) the glai_peak library once per process; None when its
+    ops are usable, else why not (the build's error, summarised)."""
+    missing = extension.missing_tools()
+    if missing is not None:
+        return f"cannot build {LIBRARY}: {missing}"
+    directory = _directory()
+    library = directory / f"{LIBRARY}.so"
+    try:
+        if library.exists():
+            torch.ops.load_library(str(library))
+            return None
+        from torch.utils.cpp_extension import load as jit_load
+
+        directory.mkdir(parents=True, exist_ok=True)
+        jit_load(name=LIBRARY, sources=[str(SOURCE)], extra_cflags=list(extension.CFLAGS),
+                 extra_ldflags=list(extension.LDFLAGS), build_directory=str(directory),
+                 is_python_module=False, verbose=bool(os.environ.get(extension.VERBOSE_ENV)))
+    except Exception as error:  # a ceiling that cannot be measured must not stop the run
+        return f"building {LIBRARY} failed: {type(error).__name__}: {str(error)[-300:]}"
+    return None
+
+
+def _require() -> None:
+    error = load()
+    if error is not None:
+        raise RuntimeError(error)
+
+
+def supports(isa: str) -> bool:
+    """Whether this CPU has `isa` ("avx512f", "avx2" with FMA, "avx512bf16")."""
+    _require()
+    return bool(torch.ops.glai_peak.supports(isa))
+
+
+def available_kernels() -> list[str]:
+    """The peak kernels this CPU can run (empty when the library is not loaded)."""
+    if load() is not None:
+        return []
+    return [k for k, (isa, _) in KERNELS.items() if supports(isa)]
+
+
+def fma_rate(kernel: str, threads: int, min_time_s: float = 0.05, rounds: int = 3) -> float:
+    """Best FLOP/s of `kernel` on `threads` threads: the fastest of short runs (about
+    SAMPLE_S each) repeated for about min_time_s, at least `rounds` of them.
+
+    Short runs, not one long one: on a shared machine a run longer than the scheduler's time
+    slice is almost always interrupted, while some short ones run undisturbed, as the timed
+    kernels' calls (milliseconds) do; a ceiling measured with long runs would fall below
+    what those calls reach."""
+    _require()
+    iterations = 1 << 10
+    while True:  # grow a run until it takes SAMPLE_S: the clock's cost then vanishes
+        seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
+        if seconds >= SAMPLE_S or iterations > 1 << 34:
+            break
+        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
+    best, samples, start = flops / seconds, 1, time.perf_counter()
+    while samples < rounds or time.perf_counter() - start < min_time_s:
+        seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
+        best, samples = max(best, flops / seconds), samples + 1
+    return best
+
+
+def triad_rate(nbytes: int, threads: int, min_time_s: float = 0.05,
+               slices: int = 1) -> float:
+    """Best bytes/s of a triad over three float32 arrays of `nbytes` together (each counted
+    once). With `slices` > 1 each timed round covers one slice of the arrays, the slices in
+    turn, so a round stays short (see fma_rate) while the slice it reads was last touched
+    `slices - 1` slices ago: out of cache when the other slices exceed it (DRAM-sized)."""
+    _require()
+    n = max(16, nbytes // 12 // slices * slices)
+    b, c = torch.ones(n), torch.full((n,), 0.5)
+    a = torch.empty(n)
+    m = n // slices
+    views = [(a[k * m:(k + 1) * m], b[k * m:(k + 1) * m], c[k * m:(k + 1) * m])
+             for k in range(slices)]
+    torch.ops.glai_peak.triad(a, b, c, 0.25, 1, threads)  # touch every page once
+    best, samples, start = math.inf, 0, time.perf_counter()
+    while samples < 3 * slices or time.perf_counter() - start < min_time_s:
+        va, vb, vc = views[samples % slices]
+        # within one slice, one round when the slices rotate (the next round would find it
+        # cached), several otherwise (cache-sized: the rounds after the first are the point)
+        best = min(best, torch.ops.glai_peak.triad(va, vb, vc, 0.25, 1 if slices > 1 else 8,
+                                                   threads))
+        samples += 1
+    if not math.isclose(float(a[-1]), 1.125):
+        raise RuntimeError("glai_peak::triad computed a wrong result")
+    return 3 * m * 4 / best

@@ -1,0 +1,232 @@
+// The glai_peak operator library: microbenchmarks of what this CPU can physically do, the
+// ceilings bench/ceilings.py judges the kernels against. Not part of glai_ext (built apart by
+// bench/native_peak.py, so a failed build here never touches the kernels).
+//
+//   glai_peak::supports(str isa) -> bool        "avx512f", "avx2" (with FMA), "avx512bf16"
+//   glai_peak::fma(str kernel, int iterations, int threads) -> (float seconds, float flops)
+//       `threads` threads each run `iterations` rounds of kChains independent FMA (or bf16
+//       dot-product) instructions; seconds is the wall time from a common start to the last
+//       thread's end. Kernels: avx512_f32, avx512_f64, avx2_f32, avx2_f64, avx512bf16.
+//   glai_peak::triad(Tensor a, Tensor b, Tensor c, float s, int reps, int threads) -> float
+//       the fastest of `reps` rounds of a[i] = b[i] + s * c[i] (float32, split in contiguous
+//       chunks across `threads` threads started once), in seconds.
+//
+// FLOPs: an FMA lane is 2 (multiply, add). vdpbf16ps adds two bf16 products into each float32
+// lane: 2 products and 2 adds, 4 FLOPs per lane, 64 per 512-bit instruction.
+//
+// The chains converge to a finite value (acc = acc * m + c with 0 < m < 1), so no lane ever
+// becomes denormal, infinite or NaN, which would slow some units down.
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PEAK_X86 1
+#include <immintrin.h>
+#endif
+
+namespace glai_peak {
+
+// 12 chains: more than FMA latency (4 cycles) x FMA ports (2) on current x86 cores.
+constexpr int kChains = 12;
+
+// A spinning barrier: thread creation (tens of microseconds) must not be timed.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    const int phase = phase_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      phase_.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    while (phase_.load(std::memory_order_acquire) == phase) std::this_thread::yield();
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> count_{0};
+  std::atomic<int> phase_{0};
+};
+
+using Clock = std::chrono::steady_clock;
+
+// Runs body(thread, round) on `threads` threads for `rounds` rounds, each round started by a
+// barrier; returns the fastest round's wall time (start barrier to end barrier).
+template <typename Body>
+double timed_rounds(int threads, int rounds, Body body) {
+  Barrier barrier(threads);
+  double best = std::numeric_limits<double>::infinity();
+  Clock::time_point start;
+  auto work = [&](int t) {
+    for (int r = 0; r < rounds; ++r) {
+      barrier.wait();
+      if (t == 0) start = Clock::now();
+      barrier.wait();
+      body(t, r);
+      barrier.wait();
+      if (t == 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  return best;
+}
+
+#if PEAK_X86
+// Each returns a sum of its accumulators so the compiler must compute them.
+#define PEAK_CHAINS(VEC, SET1, FMA, ADD, REDUCE)                        \
+  VEC acc[kChains];                                                     \
+  for (int k = 0; k < kChains; ++k) acc[k] = SET1(1.0 + 0.01 * k);      \
+  const VEC m = SET1(0.999);                                            \
+  const VEC c = SET1(0.001);                                            \
+  for (int64_t n = 0; n < iterations; ++n) {                            \
+    _Pragma("GCC unroll 12") for (int k = 0; k < kChains; ++k)          \
+      acc[k] = FMA(acc[k], m, c);                                       \
+  }                                                                     \
+  for (int k = 1; k < kChains; ++k) acc[0] = ADD(acc[0], acc[k]);       \
+  return REDUCE(acc[0]);
+
+__attribute__((target("avx512f"))) double fma_avx512_f32(int64_t iterations) {
+  PEAK_CHAINS(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps)
+}
+__attribute__((target("avx512f"))) double fma_avx512_f64(int64_t iterations) {
+  PEAK_CHAINS(__m512d, _mm512_set1_pd, _mm512_fmadd_pd, _mm512_add_pd, _mm512_reduce_add_pd)
+}
+__attribute__((target("avx2,fma"))) static double sum8(__m256 v) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  double s = 0;
+  for (float x : f) s += x;
+  return s;
+}
+__attribute__((target("avx2,fma"))) static double sum4(__m256d v) {
+  alignas(32) double f[4];
+  _mm256_store_pd(f, v);
+  return f[0] + f[1] + f[2] + f[3];
+}
+__attribute__((target("avx2,fma"))) double fma_avx2_f32(int64_t iterations) {
+  PEAK_CHAINS(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, sum8)
+}
+__attribute__((target("avx2,fma"))) double fma_avx2_f64(int64_t iterations) {
+  PEAK_CHAINS(__m256d, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_add_pd, sum4)
+}
+
+// acc += a.b pairwise with a, b bf16 vectors of 32 lanes: products ~1e-3 keep acc finite and
+// far from denormal for any run length this benchmark uses (it grows by ~2e-3 per round).
+__attribute__((target("avx512f,avx512bf16"))) double dp_avx512bf16(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int k = 0; k < kChains; ++k) acc[k] = _mm512_set1_ps(1.0f + 0.01f * k);
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.03f), _mm512_set1_ps(0.03f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.03f), _mm512_set1_ps(0.03f));
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 12
+    for (int k = 0; k < kChains; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
+  }
+  for (int k = 1; k < kChains; ++k) acc[0] = _mm512_add_ps(acc[0], acc[k]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+#endif  // PEAK_X86
+
+bool supports(std::string isa) {
+#if PEAK_X86
+  __builtin_cpu_init();
+  if (isa == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx512bf16")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+#endif
+  (void)isa;
+  return false;
+}
+
+std::tuple<double, double> fma(std::string kernel, int64_t iterations, int64_t threads) {
+  TORCH_CHECK(iterations > 0 && threads > 0, "glai_peak::fma: iterations and threads > 0");
+#if PEAK_X86
+  double (*fn)(int64_t) = nullptr;
+  double flops_per_instruction = 0;  // FLOPs one vector instruction does
+  std::string isa;
+  if (kernel == "avx512_f32") fn = fma_avx512_f32, flops_per_instruction = 32, isa = "avx512f";
+  if (kernel == "avx512_f64") fn = fma_avx512_f64, flops_per_instruction = 16, isa = "avx512f";
+  if (kernel == "avx2_f32") fn = fma_avx2_f32, flops_per_instruction = 16, isa = "avx2";
+  if (kernel == "avx2_f64") fn = fma_avx2_f64, flops_per_instruction = 8, isa = "avx2";
+  if (kernel == "avx512bf16") fn = dp_avx512bf16, flops_per_instruction = 64, isa = "avx512bf16";
+  TORCH_CHECK(fn != nullptr, "glai_peak::fma: unknown kernel ", kernel);
+  TORCH_CHECK(supports(isa), "glai_peak::fma: this CPU lacks ", isa);
+  std::vector<double> sink(threads);
+  const double seconds = timed_rounds(static_cast<int>(threads), 1,
+                                      [&](int t, int) { sink[t] = fn(iterations); });
+  for (double s : sink)
+    TORCH_CHECK(s == s && s < std::numeric_limits<double>::infinity(),
+                "glai_peak::fma: accumulators left the finite range");
+  const double flops = flops_per_instruction * kChains * static_cast<double>(iterations) *
+                       static_cast<double>(threads);
+  return {seconds, flops};
+#else
+  TORCH_CHECK(false, "glai_peak::fma: only x86-64 kernels are written; ", kernel);
+#endif
+}
+
+#if PEAK_X86
+__attribute__((target("avx512f"))) static void triad_avx512(float* a, const float* b,
+                                                            const float* c, float s,
+                                                            int64_t n) {
+  const __m512 vs = _mm512_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+  for (; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+#endif
+
+static void triad_plain(float* a, const float* b, const float* c, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+double triad(at::Tensor a, const at::Tensor& b, const at::Tensor& c, double s, int64_t reps,
+             int64_t threads) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+                  c.scalar_type() == at::kFloat,
+              "glai_peak::triad: float32 tensors");
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && c.is_contiguous() &&
+                  a.numel() == b.numel() && a.numel() == c.numel() && a.is_cpu(),
+              "glai_peak::triad: three contiguous CPU tensors of one size");
+  TORCH_CHECK(reps > 0 && threads > 0, "glai_peak::triad: reps and threads > 0");
+  void (*fn)(float*, const float*, const float*, float, int64_t) = triad_plain;
+#if PEAK_X86
+  if (supports("avx512f")) fn = triad_avx512;
+#endif
+  float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  const float* pc = c.data_ptr<float>();
+  const int64_t n = a.numel();
+  // chunks aligned to 16 floats (a cache line), so threads never share one
+  const int64_t chunk = (n / threads + 15) / 16 * 16;
+  const float fs = static_cast<float>(s);
+  return timed_rounds(static_cast<int>(threads), static_cast<int>(reps), [&](int t, int) {
+    const int64_t begin = std::min(n, t * chunk);
+    const int64_t end = std::min(n, begin + chunk);
+    fn(pa + begin, pb + begin, pc + begin, fs, end - begin);
+  });
+}
+
+TORCH_LIBRARY(glai_peak, m) {
+  m.def("supports(str isa) -> bool", &supports);
+  m.def("fma(str kernel, int iterations, int threads) -> (float, float)", &fma);
+  m.def("triad(Tensor(a!) a, Tensor b, Tensor c, float s, int reps, int threads) -> float",
+        &triad);
+}
+
+}  // namespace glai_peak
