@@ -280,7 +280,8 @@ label {{ margin-right: 1.5em; }} [hidden] {{ display: none !important; }}
 <p>{n_records} recorded runs on {machines}; generated {generated} by
 <code>nox -s dashboard</code> from <code>reports/history/</code>. Speedups are over the baseline
 backend ({baselines}) timed in the same run; % of roofline is against the same run's measured
-matmul peak and copy bandwidth. Absolute times on shared machines are noise: read the ratios.</p>
+physical ceilings (native FMA peak, triad and copy bandwidth; runs recorded before issue 15 used
+the library GEMM's rate). Absolute times on shared machines are noise: read the ratios.</p>
 <div id="filters">{filters} <span id="shown"></span></div>
 <h2>Across runs</h2>
 {figures}

@@ -7,8 +7,9 @@ wanders far less between runs than the median: bench/NOTES.md, 'Regression gate'
 - `speedup_best`: the oracle's time (the registry's baseline backend, einsum for the dense
   op) over the backend's, timed in the same run (not gated for the oracle itself, where it is
   1 by definition);
-- `roofline_best_pct`: the roofline floor (the same run's matmul peak and copy bandwidth,
-  docs/ARCHITECTURE.md §2's FLOP and byte counts) over the backend's time, in percent.
+- `roofline_best_pct`: the roofline floor (the same run's physical ceilings: the native FMA
+  peak and the triad/copy bandwidth, bench/ceilings.py; docs/ARCHITECTURE.md §2's minimum FLOP
+  and byte counts) over the backend's time, in percent.
 
 A baseline (`reports/baseline/<machine>.json`) is built from N runs of unchanged code: for every
 measurement the median of each ratio over the runs and the largest deviation of a single run
