@@ -281,12 +281,15 @@ def test_both_switches_are_reported_with_their_wilcoxon_rows(tiny_run):
 
 
 def test_compare_tool_checks_two_runs(tiny_run, tmp_path, capsys):
-    from bench.pipeline.compare import compare, main
+    from bench.pipeline.compare import compare, components, main
 
     _, out = tiny_run
     results = out / "results.json"
     assert main([str(results), str(results)]) == 0
-    assert "PASS" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PASS" in printed and "components" in printed
+    parts = components(results, results)
+    assert (parts["cost_ratio diff"] == 0).all() and (parts["convert A"] > 0).all()
     saved = json.loads(results.read_text())
     for r in saved["records"]:  # GLAI 30% slower in the second run: disagrees
         if r["model"] == "GLAI":
