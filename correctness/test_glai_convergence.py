@@ -75,6 +75,24 @@ def test_settled_rule():
         assert monitor.settled() == settled
 
 
+def test_settled_on_a_plateau():
+    """m_t on a noise floor above rel_tol * peak: settled once `plateau` epochs set no low
+    `plateau_tol` below the earlier ones (and not while m_t still falls)."""
+    monitor = StructureMonitor(torch.zeros(1, 1), rel_tol=0.1, patience=2, plateau=3,
+                               plateau_tol=0.1)
+    falling = [1.0, 0.8, 0.6, 0.45, 0.35, 0.3]
+    floor = [0.29, 0.31, 0.28]  # lowest 0.28 >= 0.9 * 0.3
+    for m in falling:
+        monitor.history.append(m)
+        assert not monitor.settled()
+    for k, m in enumerate(floor):
+        monitor.history.append(m)
+        assert monitor.settled() == (k == len(floor) - 1)
+    off = StructureMonitor(torch.zeros(1, 1), plateau=None)
+    off.history.extend(falling + floor)
+    assert not off.settled()
+
+
 def test_m_grows_with_the_size_of_the_weight_change():
     mlp = random_mlp((6, 40, 3), seed=4)
     omega = unseen_inputs(300, 6, seed=5) / 1e3

@@ -281,12 +281,15 @@ def test_both_switches_are_reported_with_their_wilcoxon_rows(tiny_run):
 
 
 def test_compare_tool_checks_two_runs(tiny_run, tmp_path, capsys):
-    from bench.pipeline.compare import compare, main
+    from bench.pipeline.compare import compare, components, main
 
     _, out = tiny_run
     results = out / "results.json"
     assert main([str(results), str(results)]) == 0
-    assert "PASS" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PASS" in printed and "components" in printed
+    parts = components(results, results)
+    assert (parts["cost_ratio diff"] == 0).all() and (parts["convert A"] > 0).all()
     saved = json.loads(results.read_text())
     for r in saved["records"]:  # GLAI 30% slower in the second run: disagrees
         if r["model"] == "GLAI":
@@ -308,3 +311,18 @@ def test_unstructured_glai_trains_on_the_sparse_layout():
     assert glai["layout"] == "sparse" and structured["layout"] == "dense"
     assert glai["params"] == glai["params_original"]  # the K kept values are the parameters
     assert glai["backend"] and glai["epoch_cost"] > 0
+
+
+def test_breakdown_sums_the_training_runs(tiny_run, capsys):
+    from bench.pipeline.breakdown import breakdown, main
+
+    records, out = tiny_run
+    per_model, per_seed, totals = breakdown(out / "results.json")
+    wall = sum(r["seconds"] for r in records)
+    assert per_model.wall.sum() == pytest.approx(wall)
+    assert per_seed.wall.sum() == pytest.approx(wall)
+    assert totals["rest wall"] == pytest.approx(totals["run wall"] - wall)
+    glai = per_model.xs("GLAI", level="model")
+    assert (glai.reduced + glai.convert + glai.estimator).to_numpy() == pytest.approx(
+        glai.wall.to_numpy())
+    assert main([str(out / "results.json")]) == 0 and "per head" in capsys.readouterr().out

@@ -5,7 +5,10 @@ per (data, head) and GLAI row of two runs' results.json, e.g. two runs of one co
 them with other work on the machine. Prints a table and whether every head agrees within the
 tolerance (default 15%: |a − b| / min(a, b) <= 0.15); the exit status is 1 when one does not.
 The epochs per seed must match too (training is deterministic): a mismatch is reported, as
-it means the runs did not train the same models.
+it means the runs did not train the same models. Beside it, per row, the components of the
+headline in both runs (`components`): the MLP's and the model's least-disturbed cost per
+epoch, their ratio, and GLAI's conversion time, each with its relative difference, to find
+which one moved when a head disagrees.
 """
 
 from __future__ import annotations
@@ -29,6 +32,26 @@ def headline(path: pathlib.Path) -> pd.DataFrame:
         speedup=("speedup", "mean"), robust_wall=("robust_wall_speedup", "mean"),
         wall=("wall_speedup", "mean"), cpu=("cpu_speedup", "mean"),
         epochs=("epochs_total", tuple))
+
+
+def _components(path: pathlib.Path) -> pd.DataFrame:
+    frame = _frame(json.loads(pathlib.Path(path).read_text())["records"])
+    frame["mlp_cost"] = frame["epoch_cost"] / frame["cost_ratio"]
+    glai = frame[frame.model.str.startswith("GLAI")]
+    return glai.groupby(["data", "head", "model"], sort=False).agg(
+        mlp_cost=("mlp_cost", "mean"), model_cost=("epoch_cost", "mean"),
+        cost_ratio=("cost_ratio", "mean"), convert=("t_convert", "mean"))
+
+
+def components(a: pathlib.Path, b: pathlib.Path) -> pd.DataFrame:
+    """Per (data, head, GLAI row) in both runs: the headline's components (mean over seeds)
+    in run A, run B and their relative difference |a − b| / min(a, b)."""
+    left, right = _components(a), _components(b)
+    both = left.add_suffix(" A").join(right.add_suffix(" B"), how="inner")
+    for measure in left.columns:
+        x, y = both[f"{measure} A"], both[f"{measure} B"]
+        both[f"{measure} diff"] = (x - y).abs() / pd.concat([x, y], axis=1).min(axis=1)
+    return both
 
 
 def compare(a: pathlib.Path, b: pathlib.Path, tolerance: float = 0.15) -> pd.DataFrame:
@@ -59,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                    "cpu diff", "agrees", "same epochs"]]
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(shown.to_string())
+        parts = components(args.a, args.b)
+        print("\ncomponents (seconds on the headline clock, mean over seeds):")
+        print(parts[[f"{m} {k}" for m in ("mlp_cost", "model_cost", "cost_ratio", "convert")
+                     for k in ("A", "B", "diff")]].to_string())
     ok = bool(table.agrees.all())
     print(f"\nheadline speedups agree within {100 * args.tolerance:.0f}% on "
           f"{int(table.agrees.sum())} of {len(table)}: {'PASS' if ok else 'FAIL'}"

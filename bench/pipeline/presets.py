@@ -8,10 +8,13 @@
            60 (B), 200 (C), at least the paper's epochs to convergence, with the paper's
            patience and min delta), 4,096 training embeddings for A and B (256 steps of batch
            16 per epoch), 50 episodes per epoch for C; both switches (fixed fractions and m_t)
-           and the structured comparison row. It runs 2 seeds (not 3) and leaves the digits
-           data set to `full` to stay near the 15-minute target: 13-20 minutes on this 2-core
-           machine by the estimate in bench/NOTES.md ("Reproduction under early stopping"),
-           B1 alone about 40% of it; B1's MLP still stops on the 60-epoch cap there.
+           and the structured comparison row. It runs 2 seeds (not 3): the one-sided Wilcoxon
+           tests then pair 6 heads x 2 seeds = 12 (head, seed) pairs, where p < 0.05 holds
+           with up to three of the smallest differences against (with one seed, 6 pairs, two
+           of the smallest against already give p = 0.078); it leaves digits to `full`, to stay
+           near the 15-minute target (its CPU time per head: bench/NOTES.md, "Reproduction
+           stability (issue 14)"). B1 seed 1's MLP still stops on the 60-epoch cap (seed 0's
+           stops by itself at 40; at a cap of 100 seed 1 still ran to the cap).
   full     the paper's settings on a user's machine: larger data, epoch caps of 100 (A, B)
            and 300 (C), the paper's patience, both built-in data sets for every head.
 Users' own embeddings replace the built-in data per head (`--data A1=file.npz`).
