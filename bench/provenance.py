@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 import glai_kernels
+from glai_kernels.dispatch import cpu_id  # one definition: the gate and the tables key on it
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "device_name", "cpu_model",
@@ -56,27 +57,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def cpu_id() -> str:
-    """The CPU's vendor family and model numbers ("AuthenticAMD family 26 model 2"): the
-    brand string alone does not tell CPU generations apart, and the gate's baselines must."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("vendor_id", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip():
-                    break
-    except OSError:
-        return platform.machine()
-    if not fields:
-        return platform.machine()
-    return (f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} "
-            f"model {fields.get('model', '?')}")
 
 
 def _gpu(device: torch.device) -> dict[str, object]:

@@ -16,7 +16,7 @@ import torch
 from backends_under_test import backends_under_test
 from fuzz import FUZZ_SEED_VAR, fuzz_seed
 
-from glai_kernels import registry
+from glai_kernels import extension, registry
 
 DEVICES = ("cpu", "cuda")
 def pytest_report_header(config) -> str:
@@ -57,3 +57,18 @@ def deterministic():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(previous)
+
+
+@pytest.fixture(params=["avx512", "avx2", "portable"])
+def isa(request):
+    """Each instruction set of the cpp kernels in turn (skipped where this CPU or the
+    extension lacks it), restoring the run-time choice afterwards."""
+    if extension.build().error is not None:
+        pytest.skip(f"the extension is unavailable here: {extension.build().error}")
+    previous = torch.ops.glai_ext.cpu_isa()
+    try:
+        torch.ops.glai_ext.cpu_isa(request.param)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    yield request.param
+    torch.ops.glai_ext.cpu_isa(previous)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from spy_backends import spy_backend
 
 import glai_kernels
 from glai_kernels import dispatch, registry
@@ -18,24 +19,10 @@ def spies(monkeypatch):
     """Two CPU backends recording their calls: spy_high outranks spy_low by priority."""
     calls: list[str] = []
 
-    def make(name: str, priority: int) -> registry.Backend:
-        def forward(x, act, weight):
-            calls.append(f"{name}.forward")
-            return torch.einsum("bi,bs,ois->bo", x, act, weight)
-
-        def backward(dy, x, act, weight, needs, saved=None):
-            calls.append(f"{name}.backward")
-            return (torch.einsum("bo,ois,bs->bi", dy, weight, act) if needs[0] else None,
-                    torch.einsum("bo,bi,ois->bs", dy, x, weight) if needs[1] else None,
-                    torch.einsum("bo,bi,bs->ois", dy, x, act) if needs[2] else None)
-
-        return registry.Backend(name=name, forward=forward, backward=backward,
-                                devices=("cpu",), description="spy",
-                                auto_priority={"cpu": priority})
 
     monkeypatch.delenv("GLAI_BACKEND", raising=False)
-    registry.register(make("spy_low", 1_000))
-    registry.register(make("spy_high", 2_000))
+    registry.register(spy_backend("spy_low", 1_000, calls))
+    registry.register(spy_backend("spy_high", 2_000, calls))
     yield calls
     registry.unregister("spy_low")
     registry.unregister("spy_high")

@@ -353,23 +353,6 @@ def test_results_do_not_depend_on_the_thread_count(built, restore_threads, dtype
 
 # ---- instruction sets and tile edges -------------------------------------------------------
 
-def _isas() -> list[str]:
-    if extension.build().error is not None:
-        return ["unavailable"]
-    return ["avx512", "avx2", "portable"]
-
-
-@pytest.fixture(params=_isas())
-def isa(request, built):
-    previous = torch.ops.glai_ext.cpu_isa()
-    try:
-        torch.ops.glai_ext.cpu_isa(request.param)
-    except RuntimeError as error:
-        pytest.skip(str(error))
-    yield request.param
-    torch.ops.glai_ext.cpu_isa(previous)
-
-
 def test_unknown_isa_is_refused(built):
     with pytest.raises(RuntimeError, match="supports"):
         torch.ops.glai_ext.cpu_isa("sse1")

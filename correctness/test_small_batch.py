@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import glai_kernels
-from glai_kernels import extension, registry
+from glai_kernels import registry
 from glai_kernels.backends.torch import torch_backward
 from glai_kernels.op import estimator_op
 
@@ -72,19 +72,6 @@ def test_direct_forward_keeps_the_input_checks():
     x, act, weight, _ = _inputs((4, 6, 3, 2))
     with torch.no_grad(), pytest.raises((ValueError, RuntimeError)):
         glai_kernels.estimator(x, act[:, :2], weight, backend="torch")
-
-
-@pytest.fixture(params=["avx512", "avx2", "portable"])
-def isa(request):
-    if extension.build().error is not None:
-        pytest.skip(f"the extension is unavailable here: {extension.build().error}")
-    previous = torch.ops.glai_ext.cpu_isa()
-    try:
-        torch.ops.glai_ext.cpu_isa(request.param)
-    except RuntimeError as error:
-        pytest.skip(str(error))
-    yield request.param
-    torch.ops.glai_ext.cpu_isa(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

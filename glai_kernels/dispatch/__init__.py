@@ -86,7 +86,7 @@ def _slug(text: str) -> str:
 
 @functools.cache
 def cpu_id() -> str:
-    """"AuthenticAMD family 26 model 2" from /proc/cpuinfo (as bench.provenance.cpu_id):
+    """"AuthenticAMD family 26 model 2" from /proc/cpuinfo (bench.provenance records it too):
     the brand string alone does not tell CPU generations apart."""
     fields: dict[str, str] = {}
     try:
