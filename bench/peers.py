@@ -70,15 +70,23 @@ def _device(device_type: str) -> str | None:
     return None
 
 
+def _torch_formulation(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # its own function, so its own code object: dynamo keeps graphs per code object, and
+    # compiling `torch_forward` itself shared one graph budget with the `compile` backend;
+    # a default run then hit the limit mid-run (one graph per shape and dtype here)
+    return torch_forward(x, act, weight)
+
+
 @functools.cache
 def _max_autotune() -> PeerFn:
-    compiled = torch.compile(torch_forward, mode="max-autotune", dynamic=False,
+    compiled = torch.compile(_torch_formulation, mode="max-autotune", dynamic=False,
                              fullgraph=True)
 
     def run(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # fullgraph: running out of graphs is an error, never a silent eager fallback; the
         # autotuner's per-GEMM tables would bury the run's log, so they are not printed
-        with (torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT),
+        with (torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT,
+                                         accumulated_recompile_limit=_RECOMPILE_LIMIT),
               torch._inductor.config.patch(autotune_num_choices_displayed=0)):
             return compiled(x, act, weight)
 
