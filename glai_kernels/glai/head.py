@@ -186,8 +186,9 @@ class GLAIHead(nn.Module):
         if self.layout == "sparse":
             chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype)
             self.backend_used = f"sparse:{chosen.name}"
-            return sparse_op.estimator(x_aug, act, self.sparse_weight, self.bias,
-                                       backend=chosen.name)
+            # resolved once here, not again inside `estimator` (bench/NOTES.md, "Training
+            # step: the Python around the kernels")
+            return sparse_op.op.run_resolved(x_aug, act, self.sparse_weight, self.bias, chosen)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
         name = backend_for(x_aug, self.backend, act, self.weight)

@@ -150,9 +150,23 @@ def estimator(
     if not isinstance(sw, SparsePathWeight):
         raise TypeError(f"sparse estimator: sw must be a SparsePathWeight (glai_kernels.sparse."
                         f"from_dense(weight, mask)), got {type(sw).__name__}")
+    return run_resolved(x, act, sw, bias, None, backend)
+
+
+def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
+                 bias: torch.Tensor | None, impl: Backend | None,
+                 backend: str | None = None) -> torch.Tensor:
+    """`estimator` on the backend `impl` when the caller resolved it already (`resolve(backend,
+    x.device, x.dtype)`; GLAIHead records it), so it is not resolved twice; `impl` None:
+    resolve `backend` after the argument checks, as `estimator` does.
+
+    Shapes as `estimator`: x [B, I], act [B, P], sw (O, I, P) with values [K], bias [O] ->
+    y [B, O]; the same checks of every argument, in the same order.
+    """
     index = sw.index
     shape = check_inputs(x, act, sw.values, index, bias, index_check=sw.checked_index_sizes)
-    impl = resolve(backend, x.device, x.dtype)
+    if impl is None:
+        impl = resolve(backend, x.device, x.dtype)
     save = torch.is_grad_enabled() and act.requires_grad
     if _eager(x, act, sw.values, bias):
         return _EagerSparse.apply(x, act, sw.values, bias, index, impl, shape, save)
@@ -213,15 +227,29 @@ class _EagerSparse(torch.autograd.Function):
         wanted = tuple(ctx.needs_input_grad[:3])
         grads: tuple = (None, None, None)
         if any(wanted):
-            args = (dy.contiguous(), x, act, values, ctx.index)
-            computed = calls.backward(
-                ctx.impl, args, saved if saved is not None else x.new_empty(0),
-                (("x", x), ("act", act), ("values", values)), wanted, _is_empty(ctx.shape))
-            grads = tuple(g if need else None for g, need in zip(computed, wanted, strict=True))
+            grads = _eager_backward(ctx.impl, dy.contiguous(), x, act, values, ctx.index, saved,
+                                    wanted, _is_empty(ctx.shape))
         dbias = None
         if ctx.needs_input_grad[3]:
             dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
         return (*grads, dbias, None, None, None, None)
+
+
+def _eager_backward(impl: Backend, dy: torch.Tensor, x: torch.Tensor, act: torch.Tensor,
+                    values: torch.Tensor, index: KeptIndex, saved: torch.Tensor | None,
+                    wanted: tuple[bool, bool, bool], empty: bool) -> tuple:
+    """(dx, dact, dvalues), None where not `wanted`: `calls.backward`'s work and result checks
+    (`calls.checked`) without its custom-op plumbing (an empty [0] tensor standing for each
+    gradient not asked for), which the eager path would turn back into None."""
+    wrt = (("x", x), ("act", act), ("values", values))
+    if empty:
+        return tuple(torch.zeros_like(t) if need else None
+                     for (_, t), need in zip(wrt, wanted, strict=True))
+    args = (dy, x, act, values, index, wanted)
+    computed = impl.backward(*args, saved=saved) if saved is not None and saved.numel() \
+        else impl.backward(*args)
+    return tuple(calls.checked(impl, f"d{name}", g, t.shape, t.dtype) if need else None
+                 for (name, t), g, need in zip(wrt, computed, wanted, strict=True))
 
 
 def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
