@@ -5,16 +5,16 @@
            variant, short cost probes. Checks the machinery, measures nothing.
   default  what `nox -s bench` runs: the six heads at real sizes on synthetic data, 2 seeds,
            early stopping decides (epoch caps 150 (A: the A1 MLP was still improving at 60),
-           60 (B), 200 (C), at least the paper's epochs to convergence, with the paper's
-           patience and min delta), 4,096 training embeddings for A and B (256 steps of batch
-           16 per epoch), 50 episodes per epoch for C; both switches (fixed fractions and m_t)
-           and the structured comparison row. It runs 2 seeds (not 3): the one-sided Wilcoxon
-           tests then pair 6 heads x 2 seeds = 12 (head, seed) pairs, where p < 0.05 holds
-           with up to three of the smallest differences against (with one seed, 6 pairs, two
-           of the smallest against already give p = 0.078); it leaves digits to `full`, to stay
-           near the 15-minute target (its CPU time per head: bench/NOTES.md, "Reproduction
-           stability (issue 14)"). B1 seed 1's MLP still stops on the 60-epoch cap (seed 0's
-           stops by itself at 40; at a cap of 100 seed 1 still ran to the cap).
+           300 (B: B1 seed 1's MLP needs 282 epochs to meet the paper's min delta of 1e-5 on
+           the InfoNCE loss, its reduced MLPs 182-189), 200 (C), at least the paper's epochs
+           to convergence, with the paper's patience and min delta), 4,096 training
+           embeddings for A and B (256 steps of batch 16 per epoch), 50 episodes per epoch for
+           C; both switches (fixed fractions and m_t) and the structured comparison row. It
+           runs 2 seeds (not 3): the one-sided Wilcoxon tests then pair 6 heads x 2 seeds = 12
+           (head, seed) pairs, where p < 0.05 holds with up to three of the smallest
+           differences against (with one seed, 6 pairs, two of the smallest against already
+           give p = 0.078); it leaves digits to `full`, to stay near the 15-minute target (its
+           CPU time per head: bench/NOTES.md, "Reproduction stability (issue 14)").
   full     the paper's settings on a user's machine: larger data, epoch caps of 100 (A, B)
            and 300 (C), the paper's patience, both built-in data sets for every head.
 Users' own embeddings replace the built-in data per head (`--data A1=file.npz`).
@@ -53,7 +53,7 @@ PRESETS = {
          "C": {"per_class": 16}}),
     "default": Preset(
         "default", ALL, (0, 1),
-        Protocol(max_epochs=150, max_epochs_b=60, max_epochs_c=200, reference_size=1024,
+        Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,
                  episodes_per_epoch=50, val_episodes=50, timing_repeats=7, probe_steps=32),
         {"A": {"train": 4096, "val": 1024, "test": 256},
          "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}}),
