@@ -326,3 +326,23 @@ def test_breakdown_sums_the_training_runs(tiny_run, capsys):
     assert (glai.reduced + glai.convert + glai.estimator).to_numpy() == pytest.approx(
         glai.wall.to_numpy())
     assert main([str(out / "results.json")]) == 0 and "per head" in capsys.readouterr().out
+
+
+def test_parallel_units_give_the_serial_records(tiny_run, tmp_path):
+    # each (head, data, seed) unit in its own process: the records are the serial run's
+    # (training is deterministic per seed); only clocks may differ
+    preset = dataclasses.replace(TINY_PRESET, heads=TINY[:2], seeds=(1,), sources={})
+    parallel = run_config(preset, tmp_path / "out", progress=False, jobs=2)
+    serial, _ = tiny_run
+    fields = ("data", "head", "seed", "model", "epochs", "bvs", "capped", "params")
+
+    def key(records):
+        return sorted(tuple(r.get(f) for f in fields) for r in records
+                      if r["seed"] == 1 and r["head"] in {h.name for h in TINY[:2]}
+                      and r["data"] == "synthetic")
+
+    assert key(parallel) and key(parallel) == key(serial)
+    meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
+    assert meta["jobs"] == 2 and meta["cpu_seconds"] > 0
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        run_config(preset, tmp_path / "bad", progress=False, jobs=0)

@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: steadier clocks on a shared "
                              "machine; 0 leaves torch's default)")
+    parser.add_argument("--jobs", type=int,
+                        help="(head, data, seed) units run at once, each in its own process "
+                             "(default: on CPU one per core / threads, on CUDA 1); the records "
+                             "do not depend on it, only the wall clock does")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         files[head] = pathlib.Path(path)
     run_preset(args.preset, args.out, heads=args.heads.split(",") if args.heads else None,
                seeds=args.seeds, data_files=files, switch=args.switch, device=args.device,
-               progress=not args.no_progress, threads=args.threads or None)
+               progress=not args.no_progress, threads=args.threads or None, jobs=args.jobs)
 
 
 if __name__ == "__main__":

@@ -417,7 +417,9 @@ def _readme(frame, t3, wt, meta, has_m) -> str:
         f"({meta['wall_seconds']:.0f} s wall, {meta.get('cpu_seconds', math.nan):.0f} s CPU"
         + (f", load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
            if load else "")
-        + f"). Device: {meta['device']} ({meta['device_name']}), {meta['threads']} thread(s), "
+        + f"). Device: {meta['device']} ({meta['device_name']}), {meta['threads']} thread(s)"
+        + (f" per unit, {meta['jobs']} (head, data, seed) units at once in their own processes "
+           "(CPU: their sum)" if meta.get("jobs", 1) > 1 else "") + ", "
         f"torch {meta['torch']}. Estimator backend: {', '.join(backends) or '–'} (auto "
         f"unless $GLAI_BACKEND was set); unstructured GLAI layout requested: "
         f"{protocol.get('layout', 'dense')}. Seeds: {meta['seeds']}.",

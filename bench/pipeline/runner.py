@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import pathlib
 import platform
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 from tqdm import tqdm
@@ -72,41 +74,105 @@ def warm_up_shapes(head: PaperHead, data: EmbeddingSplits, protocol: Protocol) -
 
 
 def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None = None,
-               progress: bool = True, threads: int | None = 1) -> list[dict]:
+               progress: bool = True, threads: int | None = 1, jobs: int = 1) -> list[dict]:
     """Run every job of `preset`, write the reports into out_dir, return the records.
 
     `threads`: torch's intra-op threads for the run (None: leave as is). One by default: at
     batch 16 a second thread buys little, and on a shared machine its barrier waits make
     wall clocks erratic (measured: a tiny head's run took 62 s at 2 threads with the load
-    average at 6-8, 0.6 s at 1)."""
+    average at 6-8, 0.6 s at 1).
+
+    `jobs`: how many (head, data set, seed) units run at once, each in a fresh process of
+    its own (warm-ups included). A unit's records do not depend on `jobs` (training is
+    deterministic per seed and each unit measures its own costs by interleaved probes), so
+    jobs > 1 only shortens the wall clock; the longest units (family B) start first."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     data_files = data_files or {}
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run_config(preset, out_dir, data_files, progress)
+        return _run_config(preset, out_dir, data_files, progress, threads, jobs)
     finally:
         torch.set_num_threads(before)
 
 
-def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
-                progress: bool) -> list[dict]:
-    warm_up(preset)
-    jobs = []
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One (head, data source, seed) of a preset: the smallest independent piece of a run."""
+
+    head: PaperHead
+    source: str
+    seed: int
+
+
+def units_of(preset: Preset, data_files: dict) -> list[Unit]:
+    """The preset's units, heads in preset order, each head's sources, then seeds."""
+    units = []
     for head in preset.heads:
         sources = ("file",) if head.paper_name in data_files else preset.sources_for(head)
-        jobs.extend((head, source) for source in sources)
+        units.extend(Unit(head, source, seed) for source in sources for seed in preset.seeds)
+    return units
+
+
+def _run_unit(preset: Preset, unit: Unit, data_files: dict,
+              threads: int | None) -> tuple[list[dict], str, str, float]:
+    """A unit in this (fresh) process: its warm-ups, then run_head; (records, data set name,
+    its description, this process's CPU seconds)."""
+    cpu = time.process_time()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    warm_up(dataclasses.replace(preset, heads=(unit.head,)))
+    data = load_data(unit.head, unit.source, preset, data_files)
+    warm_up_shapes(unit.head, data, preset.protocol)
+    records = run_head(unit.head, data, unit.seed, preset.protocol)
+    return records, data.name, data.description, time.process_time() - cpu
+
+
+def _family_first(unit: Unit) -> int:
+    # B's units are the longest (bench/NOTES.md, "Reproduction stability"): start them first
+    return {"B": 0, "C": 1}.get(unit.head.family, 2)
+
+
+def _run_parallel(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
+                  jobs: int, bar) -> tuple[list[dict], dict, float]:
+    results: dict[Unit, list[dict]] = {}
+    notes, cpu = {}, 0.0
+    context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
+    with ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(_run_unit, preset, unit, data_files, threads): unit
+                   for unit in sorted(units, key=_family_first)}
+        for future in as_completed(futures):
+            records, name, description, unit_cpu = future.result()
+            results[futures[future]] = records
+            notes[name], cpu = description, cpu + unit_cpu
+            bar.update()
+    return [r for unit in units for r in results[unit]], notes, cpu
+
+
+def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
+                progress: bool, threads: int | None = 1, jobs: int = 1) -> list[dict]:
+    units = units_of(preset, data_files)
     records, notes = [], {}
     started, cpu_started = time.perf_counter(), time.process_time()
-    with tqdm(total=len(jobs) * len(preset.seeds), desc=f"GLAI pipeline ({preset.name})",
+    with tqdm(total=len(units), desc=f"GLAI pipeline ({preset.name})",
               unit="run", disable=not progress) as bar:
-        for head, source in jobs:
-            data = load_data(head, source, preset, data_files)
-            notes[data.name] = data.description
-            warm_up_shapes(head, data, preset.protocol)
-            for seed in preset.seeds:
-                bar.set_postfix_str(f"{head.name} on {data.name}, seed {seed}")
-                records.extend(run_head(head, data, seed, preset.protocol))
+        if jobs > 1:
+            records, notes, unit_cpu = _run_parallel(preset, units, data_files, threads,
+                                                     jobs, bar)
+        else:
+            warm_up(preset)
+            unit_cpu, loaded = 0.0, {}
+            for unit in units:
+                key = (unit.head.name, unit.source)
+                if key not in loaded:
+                    loaded[key] = load_data(unit.head, unit.source, preset, data_files)
+                    warm_up_shapes(unit.head, loaded[key], preset.protocol)
+                data = loaded[key]
+                notes[data.name] = data.description
+                bar.set_postfix_str(f"{unit.head.name} on {data.name}, seed {unit.seed}")
+                records.extend(run_head(unit.head, data, unit.seed, preset.protocol))
                 bar.update()
     meta = {
         "preset": preset.name,
@@ -119,9 +185,11 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
                         else platform.processor() or platform.machine()),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "jobs": jobs,
         "python": platform.python_version(),
         "wall_seconds": time.perf_counter() - started,
-        "cpu_seconds": time.process_time() - cpu_started,
+        # with jobs > 1: the units' processes' CPU time (this process only waits)
+        "cpu_seconds": time.process_time() - cpu_started + unit_cpu,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -132,9 +200,11 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
 def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = None,
                seeds: int | None = None, data_files: dict | None = None,
                switch: str | None = None, device: str | None = None,
-               progress: bool = True, threads: int | None = 1) -> list[dict]:
+               progress: bool = True, threads: int | None = 1,
+               jobs: int | None = None) -> list[dict]:
     """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
-    threads); `switch` "fixed", "auto" or "both" (the default: both, side by side)."""
+    threads); `switch` "fixed", "auto" or "both" (the default: both, side by side); `jobs`
+    units at once (None: `default_jobs`)."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -152,5 +222,16 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
     protocol = dataclasses.replace(preset.protocol, device=device,
                                    **({"switches": switches[switch]} if switch else {}))
     preset = dataclasses.replace(preset, protocol=protocol)
+    if jobs is None:
+        jobs = default_jobs(device, threads)
     return run_config(preset, out_dir, data_files=data_files, progress=progress,
-                      threads=threads)
+                      threads=threads, jobs=jobs)
+
+
+def default_jobs(device: str, threads: int | None) -> int:
+    """On CPU, one unit per core this process may use (each runs `threads` threads, 1 by
+    default); on an accelerator one (units would share the device and each other's clocks)."""
+    if device != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, threads or 1))
