@@ -253,7 +253,7 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
             passes: list[str]) -> dict[tuple[str, str], dict]:
     """{(pass, backend label): measurement} for one head, batch and μ (`ctx` is the
     runner's Context; the (head, batch) inputs are kept in ctx.kept_inputs across μ)."""
-    from bench.runner import SLOW_FACTOR, _skip, _sync, _time, _timing_fields, _warm
+    from bench.runner import _skip, _time, _timing_fields, first_calls, warm_call_s
 
     dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -291,23 +291,15 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
             try:
                 fn = (_forward_call(label, inputs, sw, masked) if p == "forward" else
                       _step_call(label, head, inputs, sw, masked, mask))
-                start = time.perf_counter()
-                first = fn()
-                _sync(device)
-                m["first_call_s"] = time.perf_counter() - start
-                start = time.perf_counter()
-                fn()
-                _sync(device)
-                second = time.perf_counter() - start
-                if second > SLOW_FACTOR * preset.max_call_s:
-                    m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x "
-                                   f"the {preset.name} preset's limit of {preset.max_call_s} s"))
+                calls = first_calls(fn, fn, device, preset, m)
+                if calls is None:
                     continue
+                first, second = calls
                 m["error_ratio"] = _error_ratio(label, first, inputs, oracle, entries, mask,
                                                 dtype)
                 m["correct"] = m["error_ratio"] <= 1.0
                 del first
-                warm = second if second >= 0.1 else _warm(fn, device)[1]
+                warm = warm_call_s(fn, device, second)
                 m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
                 ready[label], warm_s[label] = fn, warm
             except Exception as e:  # a backend failing one case must not end the run

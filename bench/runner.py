@@ -141,6 +141,33 @@ def _warm(fn: Callable[[], object], device: torch.device,
     return min(times), statistics.median(times[1:])
 
 
+def first_calls(check: Callable[[], object], fn: Callable[[], object], device: torch.device,
+                preset: Preset, m: Measurement) -> tuple[object, float] | None:
+    """(check()'s result, the seconds of one call of fn after it), the first call's time in
+    m["first_call_s"]; None, with m saying why, when that second call is too slow to time.
+    The first call may compile; the second says whether timing is affordable, before the
+    float64 oracle (the dearest part of a large case) is computed."""
+    start = time.perf_counter()
+    first = check()
+    _sync(device)
+    m["first_call_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    second = time.perf_counter() - start
+    if second > SLOW_FACTOR * preset.max_call_s:
+        m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x the "
+                       f"{preset.name} preset's limit of {preset.max_call_s} s"))
+        return None
+    return first, second
+
+
+def warm_call_s(fn: Callable[[], object], device: torch.device, second_s: float) -> float:
+    """The median warm call time that sizes the timing blocks: a call of `second_s` or more
+    is warm after two (more warm-up would only cost time), a shorter one gets `_warm`."""
+    return second_s if second_s >= LONG_WARM_S else _warm(fn, device)[1]
+
+
 def _skip(note: str) -> Measurement:
     return {"status": "skipped", "note": note}
 
@@ -251,25 +278,14 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
     make = peers.make_call if peers.is_peer(backend) else make_call
     fn = make(backend, spec, sets)
     check = fn if len(sets) == 1 else make(backend, spec, sets[:1])
-    start = time.perf_counter()
-    first = check()
-    _sync(device)
-    m["first_call_s"] = time.perf_counter() - start
-    # the first call may have compiled; the second says whether timing is affordable,
-    # before the float64 oracle (the dearest part of a large case) is computed
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    second = time.perf_counter() - start
-    if second > SLOW_FACTOR * preset.max_call_s:
-        m.update(_skip(f"a call took {second:.3g} s, more than {SLOW_FACTOR:g}x the "
-                       f"{preset.name} preset's limit of {preset.max_call_s} s"))
+    calls = first_calls(check, fn, device, preset, m)
+    if calls is None:
         return None
+    first, second = calls
     m["error_ratio"] = oracle.error_ratio(first, tf32)
     m["correct"] = m["error_ratio"] <= 1.0
     del first
-    # a call this long is warm after two; more warm-up would only cost time
-    warm = second if second >= LONG_WARM_S else _warm(fn, device)[1]
+    warm = warm_call_s(fn, device, second)
     m["peak_mem_bytes"] = memory.peak_bytes(fn, device)
     return fn, warm
 
