@@ -14,19 +14,17 @@ model, real fragment layouts, speed): the suite's `cuda` cases on a GPU do.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from emulated_build import build_emulated
 
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
 from reference.tolerance import worst_error
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "estimator_kernels.cu"
-EMULATION = Path(__file__).resolve().parent / "cuda_emulation"
 
 # the kernels' dtype codes (estimator_kernels.cu), not a list of dtypes
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -42,24 +40,7 @@ class Problem(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> ctypes.CDLL:
-    compiler = shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the emulated kernels")
-    work = tmp_path_factory.mktemp("cuda_emulation")
-    # the emulation needs <ucontext.h> and _Float16: a toolchain without them skips, not fails
-    probe = work / "probe.cpp"
-    probe.write_text("#include <ucontext.h>\nint main() { ucontext_t c; getcontext(&c);"
-                     " _Float16 h = 1; return static_cast<int>(h) - 1; }\n")
-    if subprocess.run([compiler, "-std=c++20", str(probe), "-o", str(work / "probe")],
-                      capture_output=True).returncode != 0:
-        pytest.skip(f"{compiler} lacks <ucontext.h> or _Float16, which the emulation uses")
-    library = work / "libglai_cuda_emulated.so"
-    done = subprocess.run(
-        [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-DGLAI_CUDA_EMULATION",
-         f"-I{EMULATION}", "-x", "c++", str(SOURCE), "-o", str(library)],
-        capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lib = ctypes.CDLL(str(library))
+    lib = build_emulated(SOURCE, tmp_path_factory.mktemp("cuda_emulation"), "glai_cuda_emulated")
     lib.glai_cuda_splits.restype = ctypes.c_int
     lib.glai_cuda_splits.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int]
     lib.glai_cuda_workspace_elements.restype = ctypes.c_int64

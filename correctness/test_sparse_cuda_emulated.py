@@ -17,12 +17,11 @@ What it cannot: the hardware (memory model, speed); the `cuda` cases of test_spa
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from emulated_build import build_emulated
 
 from glai_kernels.sparse import KeptIndex, from_dense
 from glai_kernels.sparse.reference import backward64, forward64, group_sums64
@@ -31,7 +30,6 @@ from reference.tolerance import worst_error
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "sparse_kernels.cu"
-EMULATION = Path(__file__).resolve().parent / "cuda_emulation"
 
 DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 INVALID_VALUE = 1  # cudaErrorInvalidValue
@@ -49,24 +47,8 @@ class SparseProblem(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> ctypes.CDLL:
-    compiler = shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the emulated kernels")
-    work = tmp_path_factory.mktemp("sparse_cuda_emulation")
-    # the emulation needs <ucontext.h> and _Float16: a toolchain without them skips, not fails
-    probe = work / "probe.cpp"
-    probe.write_text("#include <ucontext.h>\nint main() { ucontext_t c; getcontext(&c);"
-                     " _Float16 h = 1; return static_cast<int>(h) - 1; }\n")
-    if subprocess.run([compiler, "-std=c++20", str(probe), "-o", str(work / "probe")],
-                      capture_output=True).returncode != 0:
-        pytest.skip(f"{compiler} lacks <ucontext.h> or _Float16, which the emulation uses")
-    library = work / "libglai_sparse_cuda_emulated.so"
-    done = subprocess.run(
-        [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-DGLAI_CUDA_EMULATION",
-         f"-I{EMULATION}", "-x", "c++", str(SOURCE), "-o", str(library)],
-        capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lib = ctypes.CDLL(str(library))
+    lib = build_emulated(SOURCE, tmp_path_factory.mktemp("sparse_cuda_emulation"),
+                         "glai_sparse_cuda_emulated")
     problem = ctypes.POINTER(SparseProblem)
     signatures = {
         "glai_sparse_forward": [problem, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
