@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import glai_kernels
 from glai_kernels import registry
 
@@ -16,3 +18,13 @@ def backends_under_test() -> list[str]:
         registry.get(chosen)  # an unknown name fails loudly, listing the registered ones
         return [chosen]
     return [s.name for s in glai_kernels.backends()]
+
+
+def backend_param(name: str, backend, device: str):
+    """The pytest.param ((name, device)) of one backend on one device: skipped with the
+    backend's own reason where it cannot run there, marked `cuda` on CUDA."""
+    reason = backend.unsupported_reason(device)
+    marks = [pytest.mark.skip(reason=f"{name} on {device}: {reason}")] if reason else []
+    if device == "cuda":
+        marks.append(pytest.mark.cuda)
+    return pytest.param((name, device), id=f"{name}-{device}", marks=marks)

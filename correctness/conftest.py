@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backends_under_test import backends_under_test
+from backends_under_test import backend_param, backends_under_test
 from fuzz import FUZZ_SEED_VAR, fuzz_seed
 
 from glai_kernels import extension, registry
@@ -31,11 +31,7 @@ def backend_device_params() -> list:
         for device in DEVICES:
             if device not in backend.devices:
                 continue
-            reason = backend.unsupported_reason(device)
-            marks = [pytest.mark.skip(reason=f"{name} on {device}: {reason}")] if reason else []
-            if device == "cuda":
-                marks.append(pytest.mark.cuda)
-            params.append(pytest.param((name, device), id=f"{name}-{device}", marks=marks))
+            params.append(backend_param(name, backend, device))
     return params
 
 

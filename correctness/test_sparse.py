@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from backends_under_test import backend_param
 
 import glai_kernels.sparse as sparse
 from glai_kernels import registry
@@ -36,11 +37,7 @@ def _params() -> list:
     for name in names:
         backend = SPARSE_ESTIMATOR.get(name)
         for device in backend.devices:
-            reason = backend.unsupported_reason(device)
-            marks = [pytest.mark.skip(reason=f"{name} on {device}: {reason}")] if reason else []
-            if device == "cuda":
-                marks.append(pytest.mark.cuda)
-            params.append(pytest.param((name, device), id=f"{name}-{device}", marks=marks))
+            params.append(backend_param(name, backend, device))
     return params
 
 
