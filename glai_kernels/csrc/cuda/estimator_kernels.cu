@@ -21,6 +21,7 @@
 #include <mma.h>
 
 #include "estimator_kernels.cuh"
+#include "num.cuh"
 
 namespace {
 
@@ -43,33 +44,7 @@ __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 
 #define GLAI_ARCH 0
 #endif
 
-// Storage type -> accumulation type (at::opmath_type's rule) and conversions.
-template <typename T>
-struct Num;
-template <>
-struct Num<float> {
-  using acc = float;
-  __device__ static float in(float v) { return v; }
-  __device__ static float out(float v) { return v; }
-};
-template <>
-struct Num<double> {
-  using acc = double;
-  __device__ static double in(double v) { return v; }
-  __device__ static double out(double v) { return v; }
-};
-template <>
-struct Num<__half> {
-  using acc = float;
-  __device__ static float in(__half v) { return __half2float(v); }
-  __device__ static __half out(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Num<__nv_bfloat16> {
-  using acc = float;
-  __device__ static float in(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 out(float v) { return __float2bfloat16_rn(v); }
-};
+using glai_cuda_num::Num;  // storage type -> accumulation type and conversions
 
 // The lowest architecture whose wmma this file uses for T (1 << 30: never on tensor cores;
 // float16 for the overflow above).

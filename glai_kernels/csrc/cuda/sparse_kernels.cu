@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "sparse_kernels.cuh"
+#include "num.cuh"
 
 namespace {
 
@@ -32,34 +33,7 @@ namespace {
 
 __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Storage type -> accumulation type (at::opmath_type's rule) and conversions; the same rule
-// as estimator_kernels.cu's (each .cu keeps its own copy in an anonymous namespace).
-template <typename T>
-struct Num;
-template <>
-struct Num<float> {
-  using acc = float;
-  __device__ static float in(float v) { return v; }
-  __device__ static float out(float v) { return v; }
-};
-template <>
-struct Num<double> {
-  using acc = double;
-  __device__ static double in(double v) { return v; }
-  __device__ static double out(double v) { return v; }
-};
-template <>
-struct Num<__half> {
-  using acc = float;
-  __device__ static float in(__half v) { return __half2float(v); }
-  __device__ static __half out(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Num<__nv_bfloat16> {
-  using acc = float;
-  __device__ static float in(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 out(float v) { return __float2bfloat16_rn(v); }
-};
+using glai_cuda_num::Num;  // storage type -> accumulation type and conversions
 
 constexpr int kThreads = 256;
 // A per-item pass with fewer blocks than this (B1's forward: 128 outputs at B = 16) runs
