@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from bench import memory
 from bench.oracle import Oracle
-from bench.passes import PASSES, Tensors, dtype_of
+from bench.passes import PASSES, Tensors, dtype_of, split_available
 from glai_kernels import sparse
 from glai_kernels.contract import Shape
 from glai_kernels.glai import (
@@ -75,16 +75,11 @@ def sparse_backends(device: torch.device, dtype: torch.dtype,
                     requested: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(available sparse backends, {unavailable one: reason}), registration order;
     `requested` (names without the prefix) keeps only those."""
-    run, unavailable = [], {}
-    for impl in SPARSE_ESTIMATOR.backends():
-        if requested is not None and impl.name not in requested:
-            continue
-        reason = impl.unsupported_reason(device.type, dtype)
-        if reason is None:
-            run.append(impl.name)
-        else:
-            unavailable[sparse_label(impl.name)] = reason
-    return run, unavailable
+    names = [impl.name for impl in SPARSE_ESTIMATOR.backends()
+             if requested is None or impl.name in requested]
+    return split_available(
+        names, lambda name: SPARSE_ESTIMATOR.get(name).unsupported_reason(device.type, dtype),
+        sparse_label)
 
 
 @dataclass

@@ -124,3 +124,18 @@ def make_call(backend: str, spec: PassSpec, sets: Sequence[Tensors]) -> Callable
         return calls[0]
     rotation = itertools.cycle(calls)
     return lambda: next(rotation)()
+
+
+def split_available(names: Sequence[str], reason_of: Callable[[str], str | None],
+                    label: Callable[[str], str] = str) -> tuple[list[str], dict[str, str]]:
+    """(the names whose `reason_of` is None, in order; {label(name): reason} for the rest):
+    what a run times and what its meta reports as unavailable, for backends, sparse backends
+    and peers alike."""
+    run, unavailable = [], {}
+    for name in names:
+        reason = reason_of(name)
+        if reason is None:
+            run.append(name)
+        else:
+            unavailable[label(name)] = reason
+    return run, unavailable

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.passes import Outputs, PassSpec, Tensors
+from bench.passes import Outputs, PassSpec, Tensors, split_available
 from glai_kernels.backends.torch import torch_forward
 from glai_kernels.contract import GRADIENTS, Shape
 
@@ -148,14 +148,10 @@ def select(requested: Sequence[str] | None, device: torch.device,
     """(peers to run, {unavailable peer: reason}); `requested` names them with or without
     the prefix (None: every peer)."""
     names = [get(n).name for n in requested] if requested is not None else list(PEERS)
-    run, unavailable = [], {}
-    for name in names:
-        reason = PEERS[name].availability(device.type)
-        if reason is None:
-            run.append(name)
-        else:
-            unavailable[name] = reason
-            log(f"peer {name!r} is unavailable on {device.type}: {reason}")
+    run, unavailable = split_available(names,
+                                       lambda name: PEERS[name].availability(device.type))
+    for name, reason in unavailable.items():
+        log(f"peer {name!r} is unavailable on {device.type}: {reason}")
     return run, unavailable
 
 

@@ -27,7 +27,7 @@ from bench import kept, memory, peers
 from bench.ceilings import Ceilings
 from bench.energy import EnergyMeter
 from bench.oracle import CHUNK_BYTES, Oracle, tf32_enabled
-from bench.passes import PASSES, PassSpec, Tensors, dtype_of, make_call
+from bench.passes import PASSES, PassSpec, Tensors, dtype_of, make_call, split_available
 from bench.sweeps import KEPT_PASSES, Case, Preset, expand
 from bench.timing import Timing, time_cuda, time_interleaved
 from glai_kernels import registry
@@ -84,14 +84,10 @@ def select_backends(requested: Sequence[str] | None, device: torch.device,
         log(f"adding the {baseline!r} backend: speedups are measured against it")
         names.insert(0, baseline)
     names.sort(key=lambda n: n != baseline)
-    run, unavailable = [], {}
-    for name in names:
-        reason = registry.get(name).unsupported_reason(device.type)
-        if reason is None:
-            run.append(name)
-        else:
-            unavailable[name] = reason
-            log(f"backend {name!r} is unavailable on {device.type}: {reason}")
+    run, unavailable = split_available(
+        names, lambda name: registry.get(name).unsupported_reason(device.type))
+    for name, reason in unavailable.items():
+        log(f"backend {name!r} is unavailable on {device.type}: {reason}")
     return run, unavailable
 
 
