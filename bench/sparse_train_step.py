@@ -14,6 +14,9 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              the reduced MLP's first layer + ReLU gates, then the sparse estimator), the same
              loss, backward (gradients to the kept values and the bias only: x is data and the
              selector is frozen), Adam step over K values (fused where torch has it), zero_grad.
+  GLAI fused the same step by `glai_kernels.glai.fused_step.FusedSparseStep` (the same
+             arithmetic bit for bit, without autograd over the estimator or torch.optim's
+             wrapper; what `fit` and the pipeline run), on a copy of the same head.
 Each sample is the mean of enough steps to last ≥ 20 ms; the two steps are interleaved and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
 with more than one thread it leaves out the other threads' work: read the wall clock then)
@@ -23,12 +26,14 @@ and on the wall clock.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from collections.abc import Callable
 
 import torch
 
 from glai_kernels.glai import make_optimizer, match, paper_training, prune
+from glai_kernels.glai.fused_step import FusedSparseStep
 from glai_kernels.glai.mlp import make_mlp
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -54,8 +59,15 @@ def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.
     return step
 
 
+def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   target: torch.Tensor) -> Callable[[], None]:
+    stepper = FusedSparseStep(head, optimizer)
+    return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
+
+
 def head_steps(name: str, backend: str = "cpp") -> tuple[dict[str, Callable[[], None]], str]:
-    """({"MLP": step, "GLAI": step}, a description) for paper head `name`."""
+    """({"MLP": step, "GLAI": step, "GLAI fused": step}, a description) for paper head
+    `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
     torch.manual_seed(0)
     original = make_mlp((spec.n0, spec.n1, spec.n2))
@@ -64,15 +76,17 @@ def head_steps(name: str, backend: str = "cpp") -> tuple[dict[str, Callable[[], 
     head.backend = backend
     batch = settings.batch_size
     x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
+    fused = copy.deepcopy(head)
+
+    def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return make_optimizer("adam", [p for p in model.parameters() if p.requires_grad],
+                              lr=settings.lr, weight_decay=settings.glai_weight_decay)
     steps = {
         "MLP": _stepper(original, make_optimizer("sgd", original.parameters(), lr=settings.lr,
                                                  weight_decay=settings.mlp_weight_decay),
                         x, target),
-        "GLAI": _stepper(head, make_optimizer("adam", [p for p in head.parameters()
-                                                       if p.requires_grad],
-                                              lr=settings.lr,
-                                              weight_decay=settings.glai_weight_decay),
-                         x, target),
+        "GLAI": _stepper(head, adam(head), x, target),
+        "GLAI fused": _fused_stepper(fused, adam(fused), x, target),
     }
     return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
 
@@ -86,7 +100,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), sparse backend "
-          f"{args.backend}, min over {args.repeats} interleaved repeats; GLAI / MLP step")
+          f"{args.backend}, min over {args.repeats} interleaved repeats; GLAI (autograd) and "
+          f"GLAI fused step / MLP step")
     for name in args.heads:
         steps, what = head_steps(name, args.backend)
         clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
@@ -98,8 +113,10 @@ def main() -> None:
                 for model, step in steps.items():
                     best[model, c] = min(best[model, c], _mean_step(step, clock))
         cells = "  ".join(
-            f"{c}: MLP {1e3 * best['MLP', c]:.3f} ms GLAI {1e3 * best['GLAI', c]:.3f} ms "
-            f"-> {best['GLAI', c] / best['MLP', c]:.2f}x" for c in clocks)
+            f"{c}: MLP {1e3 * best['MLP', c]:.3f} ms, GLAI {1e3 * best['GLAI', c]:.3f} ms "
+            f"({best['GLAI', c] / best['MLP', c]:.2f}x), fused "
+            f"{1e3 * best['GLAI fused', c]:.3f} ms ({best['GLAI fused', c] / best['MLP', c]:.2f}x)"
+            for c in clocks)
         print(f"{name} ({what})  {cells}", flush=True)
 
 

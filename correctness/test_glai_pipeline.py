@@ -346,3 +346,11 @@ def test_parallel_units_give_the_serial_records(tiny_run, tmp_path):
     assert meta["jobs"] == 2 and meta["cpu_seconds"] > 0
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         run_config(preset, tmp_path / "bad", progress=False, jobs=0)
+
+
+def test_sparse_estimators_train_by_the_fused_step(tiny_run):
+    records, _ = tiny_run
+    glai = [r for r in records if r["model"] in ("GLAI", "GLAI auto", "GLAI structured")]
+    assert glai
+    for r in glai:  # Adam over a sparse head's kept values: fused; a dense head: ordinary
+        assert r["fused_step"] == (r["layout"] == "sparse"), r

@@ -85,7 +85,9 @@ def table3(frame: pd.DataFrame) -> pd.DataFrame:
                 detail = (f"red. {sub.reduced_epochs.mean():.1f} + est. "
                           f"{sub.estimator_epochs.mean():.1f} ep; μ = {100 * sub.mu.mean():.3g} %"
                           f", P = {int(sub.paths.mean())}, kept {int(sub.kept.mean()):,}, "
-                          f"{sub.layout.iloc[0]}")
+                          f"{sub.layout.iloc[0]}"
+                          + (", fused step" if bool(sub.get("fused_step", pd.Series([False]))
+                                                    .fillna(False).astype(bool).any()) else ""))
             rows.append({
                 "data": data, "exp": head, "head": model,
                 "epochs": _pm(sub.epochs_total if glai else sub.epochs),
@@ -485,7 +487,11 @@ def _readme(frame, t3, wt, meta, has_m) -> str:
         "## Protocol",
         "",
         "Section 4.1: SGD for the MLPs (original, reduced, linear), Adam for the estimator "
-        "(fused optimizers where torch has them, for every model); Table 2's LR, batch size "
+        "(fused optimizers where torch has them, for every model"
+        + ("; a sparse estimator's steps by `glai_kernels.glai.fused_step`, the ordinary "
+           "step's arithmetic bit for bit without autograd over the estimator or "
+           "torch.optim's wrapper" if protocol.get("fused_step") else "")
+        + "); Table 2's LR, batch size "
         "and weight decays; early stopping on validation accuracy (A, C) or InfoNCE loss (B) "
         "with the paper's patience / min delta"
         + (f" (patience capped at {protocol['patience_cap']} in this preset)"

@@ -23,6 +23,7 @@ from glai_kernels.glai.convergence import (
 from glai_kernels.glai.convert import from_mlp, path_weights
 from glai_kernels.glai.embeddings import EmbeddingSplits
 from glai_kernels.glai.episodes import FewShot
+from glai_kernels.glai.fused_step import FusedSparseStep
 from glai_kernels.glai.head import GLAIHead
 from glai_kernels.glai.matching import Budget, count_parameters, match, path_budget
 from glai_kernels.glai.mlp import MLPLayers, make_mlp, parse_mlp, reduce_mlp, reduced_widths
@@ -47,6 +48,7 @@ __all__ = [
     "EmbeddingSplits",
     "FewShot",
     "FitResult",
+    "FusedSparseStep",
     "GLAIHead",
     "MLPLayers",
     "PaperTraining",

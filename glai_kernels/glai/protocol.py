@@ -75,6 +75,7 @@ class Protocol:
     timing_repeats: int = 3  # interleaved rounds of the cost probes (glai/timing.py)
     probe_steps: int = 64  # optimizer steps per training probe (scaled to an epoch)
     clock: str = "auto"  # headline clock: "wall", "cpu", or "auto" (cpu on a CPU device)
+    fused_step: bool = True  # sparse GLAI estimators train by glai/fused_step.py (bit-identical)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -230,7 +231,8 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
             optimizer = make_optimizer("adam", model.parameters(), lr=settings.lr,
                                        weight_decay=settings.glai_weight_decay)
             result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
-                         early=protocol.early_stopping(head), seed=seed)
+                         early=protocol.early_stopping(head), seed=seed,
+                         fused_step=protocol.fused_step)
             run.estimators[variant] = model
             total = count_parameters(reduced) + count_parameters(model)
             wall_convert = t_convert + t_prune
@@ -248,6 +250,7 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
                 kept=pruned.kept, candidates=pruned.candidates, mu=pruned.mu,
                 paths=model.paths, layout=model.layout,
                 initial_score=initial, backend=model.backend_used, switch=switch,
+                fused_step=result.fused_step,
                 m_history=list(monitor.history))
             record["capped"] = result.capped or record["reduced_capped"]
             run.records.append(record)
@@ -274,7 +277,7 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
         optimizer = make_optimizer(kind, model.parameters(), lr=settings.lr,
                                    weight_decay=decay)
         probes[name] = training_probe(model, task, optimizer, steps=protocol.probe_steps,
-                                      seed=seed + 7)
+                                      seed=seed + 7, fused_step=protocol.fused_step)
     for variant, convert in glai.conversions.items():
         probes[f"convert {variant}"] = once_probe(device, convert, "once")
     if "auto" in protocol.switches and glai.reduced is not None:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from glai_kernels.glai.tasks import Task
-from glai_kernels.glai.training import synchronize
+from glai_kernels.glai.training import synchronize, training_step
 
 # a probe does its work once and returns {part: (wall seconds, CPU seconds)}
 Probe = Callable[[], dict[str, tuple[float, float]]]
@@ -102,20 +102,19 @@ def interleaved(probes: dict[str, Probe], repeats: int) -> dict[str, dict[str, C
 
 
 def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *,
-                   steps: int, seed: int, validate: bool = True) -> Probe:
+                   steps: int, seed: int, validate: bool = True,
+                   fused_step: bool = True) -> Probe:
     """A probe of `model`'s epoch: parts "train" (k steps scaled to a whole epoch) and,
     with `validate`, "validate" (one validation pass) and "epoch" (their sum). One untimed
     step first, so the optimizer's state exists before any timed step. Trains `model`
-    further: call it after the model's results are recorded."""
+    further: call it after the model's results are recorded. Its steps are `fit`'s
+    (`training_step`, fused for a sparse head with Adam unless `fused_step` is False), so
+    the cost describes what was trained."""
     device = next(model.parameters()).device
     per_epoch = task.steps_per_epoch()
     count = max(1, min(steps, per_epoch))
     gen = torch.Generator().manual_seed(seed)
-
-    def step(batch) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        task.loss(model, batch).backward()
-        optimizer.step()
+    step = training_step(model, task, optimizer, fused_step)
 
     model.train()
     step(next(iter(task.batches(gen))))

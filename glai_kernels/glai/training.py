@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from glai_kernels.glai.fused_step import fused_step_for
 from glai_kernels.glai.tasks import Task
 
 
@@ -56,6 +57,7 @@ class FitResult:
     cpu_seconds: float = 0.0  # this process's CPU time over the same span (all threads)
     monitor_seconds: float = 0.0  # time spent in `after_epoch` (m_t logging), not in seconds
     capped: bool = False  # ran all max_epochs without early stopping (or after_epoch) stopping it
+    fused_step: bool = False  # trained by glai_kernels.glai.fused_step (a sparse head + Adam)
 
 
 def make_optimizer(kind: str, params, *, lr: float, weight_decay: float):
@@ -68,6 +70,29 @@ def make_optimizer(kind: str, params, *, lr: float, weight_decay: float):
         return cls(params, lr=lr, weight_decay=weight_decay)
 
 
+class _Fused:
+    def __init__(self, stepper, task: Task) -> None:
+        self.stepper, self.task = stepper, task
+
+    def __call__(self, batch) -> None:
+        self.stepper.step(lambda model: self.task.loss(model, batch))
+
+
+def training_step(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer,
+                  fused: bool = True) -> Callable[[object], None]:
+    """step(batch): one optimizer step of `model` on `task`'s loss for a batch; the fused
+    sparse step where `fused` and the model and optimizer support it (see `fit`)."""
+    stepper = fused_step_for(model, optimizer) if fused else None
+    if stepper is not None:
+        return _Fused(stepper, task)
+
+    def ordinary(batch) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        task.loss(model, batch).backward()
+        optimizer.step()
+    return ordinary
+
+
 def fit(
     model: nn.Module,
     task: Task,
@@ -78,20 +103,25 @@ def fit(
     seed: int,
     validate: bool = True,
     after_epoch: Callable[[int], bool] | None = None,
+    fused_step: bool = True,
 ) -> FitResult:
     """Train until early stopping (or `max_epochs`); `after_epoch(epoch)` may return True to
-    stop (the automatic structural switch). Wall-clock excludes `after_epoch`."""
+    stop (the automatic structural switch). Wall-clock excludes `after_epoch`.
+
+    With `fused_step` (the default), a sparse-layout GLAIHead trained by Adam/AdamW takes
+    `FusedSparseStep`'s steps (the ordinary step's arithmetic, bit for bit, without autograd
+    over the estimator or torch.optim's wrapper); anything else, or `fused_step=False`, takes
+    the ordinary zero_grad / backward / step."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    result = FitResult(0, None)
+    step = training_step(model, task, optimizer, fused_step)
+    result = FitResult(0, None, fused_step=isinstance(step, _Fused))
     model.train()
     synchronize(device)
     start, cpu_start = time.perf_counter(), time.process_time()
     for epoch in range(1, max_epochs + 1):
         for batch in task.batches(gen):
-            optimizer.zero_grad(set_to_none=True)
-            task.loss(model, batch).backward()
-            optimizer.step()
+            step(batch)
         result.epochs = epoch
         stop = False
         if validate:

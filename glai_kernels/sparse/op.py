@@ -187,7 +187,9 @@ def _eager(*tensors: torch.Tensor | None) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
-def _contiguous_index(index: KeptIndex) -> KeptIndex:
+def contiguous_index(index: KeptIndex) -> KeptIndex:
+    """`index` itself when every tensor of it is contiguous (the kernels' layout), else a
+    contiguous copy."""
     if all(t.is_contiguous() for t in index):
         return index
     return KeptIndex(*(t.contiguous() for t in index))
@@ -210,7 +212,7 @@ class _EagerSparse(torch.autograd.Function):
             y = x.new_zeros(shape.batch, shape.outputs)  # an empty sum is zero
         else:
             x, act, values = x.contiguous(), act.contiguous(), values.contiguous()
-            index = _contiguous_index(index)
+            index = contiguous_index(index)
             keep = calls.saves(impl, save, empty=False)
             y, saved = calls.forward(impl, (x, act, values, index), (shape.batch, shape.outputs),
                                      x.dtype, impl.saved_shape(shape) if keep else None)
@@ -227,7 +229,7 @@ class _EagerSparse(torch.autograd.Function):
         wanted = tuple(ctx.needs_input_grad[:3])
         grads: tuple = (None, None, None)
         if any(wanted):
-            grads = _eager_backward(ctx.impl, dy.contiguous(), x, act, values, ctx.index, saved,
+            grads = eager_backward(ctx.impl, dy.contiguous(), x, act, values, ctx.index, saved,
                                     wanted, _is_empty(ctx.shape))
         dbias = None
         if ctx.needs_input_grad[3]:
@@ -235,7 +237,7 @@ class _EagerSparse(torch.autograd.Function):
         return (*grads, dbias, None, None, None, None)
 
 
-def _eager_backward(impl: Backend, dy: torch.Tensor, x: torch.Tensor, act: torch.Tensor,
+def eager_backward(impl: Backend, dy: torch.Tensor, x: torch.Tensor, act: torch.Tensor,
                     values: torch.Tensor, index: KeptIndex, saved: torch.Tensor | None,
                     wanted: tuple[bool, bool, bool], empty: bool) -> tuple:
     """(dx, dact, dvalues), None where not `wanted`: `calls.backward`'s work and result checks

@@ -1,0 +1,221 @@
+"""A sparse GLAIHead's training step without autograd over the estimator or torch.optim's
+Python wrapper: the same arithmetic as the ordinary loop, bit for bit.
+
+At the paper's batch size the sparse `cpp` kernels take less time than the machinery around
+them: torch's autograd engine over the estimator's autograd.Function, `Adam.step`'s wrapper
+(`_init_group`, the step count's bookkeeping), `zero_grad`, `nn.Module.__call__`
+(bench/NOTES.md, "Training step: the Python around the kernels (third pass)" and "the fused
+step (fourth pass)"). `FusedSparseStep` keeps the kernels and drops the machinery:
+
+    stepper = FusedSparseStep(head, optimizer)      # optimizer: torch.optim.Adam/AdamW
+    loss = stepper.step(lambda model: F.cross_entropy(model(x), target))
+
+`step(loss_of)` calls `loss_of(stand_in)`; each `stand_in(x)` (x [B, n0]) runs the head's
+forward without recording autograd (the frozen selector with its dropout in training mode,
+drawing the same random numbers as `head(x)`; the sparse backend's forward; the bias) and
+returns y [B, O] as a fresh leaf that requires grad. The loss is built from y with ordinary
+torch ops (any loss: cross entropy, InfoNCE over two views of one call, few-shot prototypes),
+and autograd runs over the loss alone, to y. Then the backend's backward computes dvalues [K]
+only (x is data, the selector is frozen), dbias = dy summed over the batch, and the
+optimizer's own update runs on the kept values and the bias: `torch._fused_adam_` /
+`torch._fused_adamw_` with the optimizer's hyper-parameters and its state tensors (created
+as torch.optim creates them), so the stepper and `optimizer.step()` can take turns. With a
+non-fused optimizer the gradients are set and `optimizer.step()` runs.
+
+After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from glai_kernels import calls as backend_calls
+from glai_kernels import registry
+from glai_kernels.contract import accumulation_dtype
+from glai_kernels.glai.head import GLAIHead
+from glai_kernels.sparse import op as sparse_op
+
+_UNSUPPORTED_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
+def _refuse_optimizer(head: GLAIHead, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why `optimizer` cannot drive a fused step of `head`, or None."""
+    if not isinstance(optimizer, torch.optim.Adam):  # AdamW subclasses Adam
+        return f"optimizer must be torch.optim.Adam or AdamW, got {type(optimizer).__name__}"
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    stepped = [p for group in optimizer.param_groups for p in group["params"]]
+    if {id(p) for p in stepped} != {id(p) for p in trainable} or len(stepped) != len(trainable):
+        return ("optimizer must step exactly the head's trainable parameters (the kept values "
+                "and the bias)")
+    for group in optimizer.param_groups:
+        on = [name for name in _UNSUPPORTED_OPTIONS if group.get(name)]
+        if on:
+            return f"optimizer options {on} are not implemented by the fused step"
+    if getattr(optimizer, "grad_scale", None) is not None:
+        return "optimizer has a grad_scale (AMP): not implemented by the fused step"
+    return None
+
+
+def _refuse_head(head: GLAIHead) -> str | None:
+    if not isinstance(head, GLAIHead):
+        return f"head must be a GLAIHead, got {type(head).__name__}"
+    if head.layout != "sparse":
+        return "head must have the sparse layout (prune(..., layout='sparse' or 'auto'))"
+    if not head.sparse_weight.values.requires_grad:
+        return "head's kept values must require grad (they are what the step trains)"
+    return None
+
+
+def supported(head: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `FusedSparseStep(head, optimizer)` would accept them."""
+    return _refuse_head(head) is None and _refuse_optimizer(head, optimizer) is None
+
+
+class FusedSparseStep:
+    """One training step of a sparse-layout GLAIHead with Adam/AdamW (module docstring).
+
+    Args:
+        head: a GLAIHead in the sparse layout whose kept values require grad.
+        optimizer: torch.optim.Adam or AdamW over exactly the head's trainable parameters,
+            without amsgrad, maximize, capturable, differentiable or a grad scaler.
+    Raises:
+        ValueError naming the argument when either is not supported.
+    """
+
+    def __init__(self, head: GLAIHead, optimizer: torch.optim.Optimizer) -> None:
+        why = _refuse_head(head)
+        if why is not None:
+            raise ValueError(f"FusedSparseStep: {why}")
+        why = _refuse_optimizer(head, optimizer)
+        if why is not None:
+            raise ValueError(f"FusedSparseStep: {why}")
+        self.head, self.optimizer = head, optimizer
+        self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype), backend)
+
+    def _forward(self, x: torch.Tensor, calls: list, parts: tuple) -> torch.Tensor:
+        selector, sw, bias, index = parts
+        values = sw.values
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"FusedSparseStep: the model's input x must be a tensor, got "
+                            f"{type(x).__name__}")
+        if x.requires_grad:
+            raise ValueError("FusedSparseStep: x must not require grad (the fused step "
+                             "computes no gradient for the head's input); train with "
+                             "autograd instead")
+        if x.dtype != values.dtype or x.device != values.device:
+            raise ValueError(f"FusedSparseStep: x must be {values.dtype} on {values.device} "
+                             f"like the head, got {x.dtype} on {x.device}")
+        # the selector checks x's shape; what the estimator's checks (`check_inputs`) would
+        # add here is fixed for the head and was checked when its weight was built
+        impl = self._backend(x)
+        out_count = sw.shape[0]
+        with torch.no_grad():
+            act = selector(x).contiguous()
+            x_aug = F.pad(x, (0, 1), value=1.0).contiguous()
+            if sw.nnz == 0 or x.shape[0] == 0:
+                y = x.new_zeros(x.shape[0], out_count)  # an empty sum is zero
+            else:
+                # the eager forward's own call (glai_kernels/sparse/op.py), same bits
+                y, _ = backend_calls.forward(impl, (x_aug, act, values, index),
+                                             (x.shape[0], out_count), x.dtype, None)
+            if bias is not None:
+                y = y + bias
+        y.requires_grad_(True)
+        calls.append((x_aug, act, impl, y))
+        return y
+
+    def _backend(self, x: torch.Tensor):
+        head = self.head
+        key = (head.backend, os.environ.get(registry.ENV_VAR), x.device, x.dtype)
+        if self._resolved is None or self._resolved[0] != key:
+            self._resolved = (key, sparse_op.resolve(head.backend, x.device, x.dtype))
+        head.backend_used = f"sparse:{self._resolved[1].name}"
+        return self._resolved[1]
+
+    def _parts(self) -> tuple:
+        # (selector, sparse weight, bias, contiguous index), read once a step from the
+        # module dicts (GLAIHead's and nn.Module's __getattr__ cost ≈ 1 µs a read) and each
+        # step anew: load_state_dict may replace the weight's buffers
+        head = self.head
+        sw = head._modules["sparse_weight"]
+        return (head._modules["selector"], sw, head._parameters.get("bias"),
+                sparse_op.contiguous_index(sw.index))
+
+    def step(self, loss_of: Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+             ) -> torch.Tensor:
+        """Run `loss_of(model)` with a stand-in for the head, then backward and the
+        optimizer's update; returns the loss, detached."""
+        calls: list = []
+        parts = self._parts()
+        loss = loss_of(lambda x: self._forward(x, calls, parts))
+        if not calls:
+            raise ValueError("FusedSparseStep: loss_of never called the model")
+        ys = [y for *_, y in calls]
+        grads = torch.autograd.grad(loss, ys, allow_unused=True)
+        _, sw, bias, index = parts
+        dvalues = dbias = None
+        for (x_aug, act, impl, _), dy in zip(calls, grads, strict=True):
+            if dy is None:  # this call's output did not reach the loss
+                continue
+            dy = dy.contiguous()
+            empty = sw.nnz == 0 or x_aug.shape[0] == 0
+            _, _, dv = sparse_op.eager_backward(impl, dy, x_aug, act, sw.values, index, None,
+                                                (False, False, True), empty)
+            dvalues = dv if dvalues is None else dvalues + dv
+            if bias is not None and bias.requires_grad:
+                db = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+                dbias = db if dbias is None else dbias + db
+        if dvalues is None:
+            raise ValueError("FusedSparseStep: the loss does not depend on the model's output")
+        pairs = [(sw.values, dvalues)] + ([(bias, dbias)] if dbias is not None else [])
+        self._update(pairs)
+        return loss.detach()
+
+    def _update(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        optimizer = self.optimizer
+        unfused = False
+        for group in optimizer.param_groups:
+            mine = [(p, g) for p, g in pairs if any(p is q for q in group["params"])]
+            if not mine:
+                continue
+            if not group.get("fused"):
+                for p, g in mine:
+                    p.grad = g
+                unfused = True
+                continue
+            params, grads = [p for p, _ in mine], [g for _, g in mine]
+            states = [self._state(p) for p in params]
+            steps = [st["step"] for st in states]
+            torch._foreach_add_(steps, 1)
+            beta1, beta2 = group["betas"]
+            update = (torch._fused_adamw_ if group.get("decoupled_weight_decay")
+                      else torch._fused_adam_)
+            with torch.no_grad():
+                update(params, grads, [st["exp_avg"] for st in states],
+                       [st["exp_avg_sq"] for st in states], [], steps, amsgrad=False,
+                       lr=group["lr"], beta1=beta1, beta2=beta2,
+                       weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                       grad_scale=None, found_inf=None)
+        if unfused:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def _state(self, p: torch.Tensor) -> dict:
+        # created as torch.optim.Adam's _init_group creates a fused group's state
+        state = self.optimizer.state[p]
+        if len(state) == 0:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+
+def fused_step_for(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                   ) -> FusedSparseStep | None:
+    """A FusedSparseStep when `model` and `optimizer` support one, else None (train the
+    ordinary way)."""
+    return FusedSparseStep(model, optimizer) if supported(model, optimizer) else None
