@@ -34,9 +34,12 @@ def breakdown(path: pathlib.Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
         wall=("seconds", "sum"), cpu=("cpu_seconds", "sum"))
     meta = content["meta"]
     training_wall, training_cpu = float(frame.seconds.sum()), float(frame.cpu_seconds.sum())
+    jobs = meta.get("jobs", 1)
     totals = {"run wall": meta["wall_seconds"], "run CPU": meta["cpu_seconds"],
               "training wall": training_wall, "training CPU": training_cpu,
-              "rest wall": meta["wall_seconds"] - training_wall,
+              # with units in parallel the training runs' walls overlap: no wall remainder
+              "rest wall": (meta["wall_seconds"] - training_wall if jobs == 1
+                            else f"n/a ({jobs} units at once: their walls overlap)"),
               "rest CPU": meta["cpu_seconds"] - training_cpu,
               "load at the end": meta.get("load_average")}
     return per_model, per_seed, totals
