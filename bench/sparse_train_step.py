@@ -65,7 +65,8 @@ def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: t
     return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
 
 
-def head_steps(name: str, backend: str = "cpp") -> tuple[dict[str, Callable[[], None]], str]:
+def head_steps(name: str, backend: str = "cpp", batch: int | None = None
+               ) -> tuple[dict[str, Callable[[], None]], str]:
     """({"MLP": step, "GLAI": step, "GLAI fused": step}, a description) for paper head
     `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
@@ -74,7 +75,7 @@ def head_steps(name: str, backend: str = "cpp") -> tuple[dict[str, Callable[[], 
     _, head, budget = match(original, spec.rho)
     head = prune(head, torch.randn(256, spec.n0), keep=budget.keep, layout="sparse").head
     head.backend = backend
-    batch = settings.batch_size
+    batch = batch or settings.batch_size
     x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
     fused = copy.deepcopy(head)
 
@@ -97,13 +98,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--backend", default="cpp")
+    parser.add_argument("--batch", type=int,
+                        help="rows per step (default: the paper's batch size; a family C "
+                             "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), sparse backend "
           f"{args.backend}, min over {args.repeats} interleaved repeats; GLAI (autograd) and "
           f"GLAI fused step / MLP step")
     for name in args.heads:
-        steps, what = head_steps(name, args.backend)
+        steps, what = head_steps(name, args.backend, args.batch)
         clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
         best = {(model, c): float("inf") for model in steps for c in clocks}
         for step in steps.values():
