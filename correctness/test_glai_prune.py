@@ -195,7 +195,8 @@ def test_a_deep_copied_or_double_forward_head_keeps_its_zeros():
     torch.manual_seed(19)
     head = from_mlp(random_mlp((6, 9, 3), seed=19, dtype=torch.float32))
     x = torch.randn(32, 6)
-    pruned = copy.deepcopy(prune(head, x, mu=0.3).head)  # hooks are not copied: re-registered
+    # the dense layout (its gradient-mask hook is the subject): auto takes sparse at mu = 0.3
+    pruned = copy.deepcopy(prune(head, x, mu=0.3, layout="dense").head)  # hooks: re-registered
     mask = pruned.weight_mask
     optimizer = torch.optim.Adam(pruned.parameters(), lr=1e-2, weight_decay=0.1)
     for _ in range(4):
