@@ -7,6 +7,7 @@ The rest of the suite already runs both backends against the oracle through the 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import shutil
@@ -319,11 +320,45 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def all_calls_parallel():
+    """Every dense kernel call on all of torch's threads, however small (the threshold hook)."""
+    previous = torch.ops.glai_ext.min_flops_per_thread(0)
+    yield
+    torch.ops.glai_ext.min_flops_per_thread(previous)
+
+
 def test_threads_follow_torch_set_num_threads(built, restore_threads):
+    # parallel_threads also checks that each of the 64 tasks ran exactly once
     torch.set_num_threads(1)
     assert torch.ops.glai_ext.parallel_threads(64) == 1
     torch.set_num_threads(2)
     assert torch.ops.glai_ext.parallel_threads(64) == 2
+    assert torch.ops.glai_ext.parallel_threads(1) == 1
+    assert torch.ops.glai_ext.parallel_threads(0) == 0
+
+
+def _threads_in_a_forked_child(queue) -> None:
+    torch.set_num_threads(2)
+    queue.put(torch.ops.glai_ext.parallel_threads(16))
+
+
+def test_the_task_pool_works_in_a_forked_child(built, restore_threads):
+    """A child forked after the parent's pool started has none of its threads: it must start
+    its own, not wait for the parent's."""
+    torch.set_num_threads(2)
+    assert torch.ops.glai_ext.parallel_threads(16) == 2  # the parent's helpers exist now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_threads_in_a_forked_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive, "the forked child's kernel call hung"
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == 2
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
@@ -334,7 +369,8 @@ def test_one_openmp_runtime_is_loaded(built):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_results_do_not_depend_on_the_thread_count(built, restore_threads, dtype):
+def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_calls_parallel,
+                                                  dtype):
     data = make_inputs(50, 23, 70, 9, seed=7, dtype=dtype)
     dy = torch.randn(50, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
 

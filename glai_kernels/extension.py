@@ -66,7 +66,7 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
-    return [CSRC / "glai_ext.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
+    return [CSRC / "glai_ext.cpp", CSRC / "task_pool.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
             CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
 

@@ -5,6 +5,7 @@
 //       -> (dx [B, I], dact [B, P], dweight [O, I, P]), each empty [0] when not needed
 //   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
+//   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
 //
 // `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
 // in the computation type (float for half inputs, never rounded to them), else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
@@ -18,16 +19,17 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "task_pool.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <chrono>
 #include <limits>
-#include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "glai_ext.h"
@@ -68,28 +70,47 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 
 namespace {
 
-// Work below this many FLOPs per thread stays on fewer threads: ~1.3 ms of one core here.
-// A parallel region ends when its last thread arrives, and on a loaded machine a thread can
-// wait milliseconds for a core, far longer than a small job takes (bench/NOTES.md).
-constexpr int64_t kMinFlopsPerThread = int64_t{256} << 20;
+// Work below this many FLOPs per thread stays on fewer threads: ~70 us of one core here.
+// Waking a helper costs a few microseconds, and the pool never waits for one that has not
+// started (task_pool.h); with OpenMP's regions this had to be 256 MFLOP (bench/NOTES.md, "Two
+// threads without waiting for a thread that never started").
+// glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
+std::atomic<int64_t> g_min_flops_per_thread{int64_t{16} << 20};
 
-// One task index at a time from a shared counter, on torch's intra-op threads. Dynamic, not
-// at::parallel_for's static split: on a shared machine a descheduled thread would otherwise
-// hold back the whole op. Each output element belongs to one task whatever thread runs it,
-// so results stay the same bits for any thread count or schedule.
+// How many threads a job of `n` tasks and `work` units should use: torch's intra-op thread
+// count (torch.set_num_threads governs the kernels), fewer for small jobs, one inside a
+// parallel region of torch's.
+int64_t threads_for(int64_t n, int64_t work, int64_t min_work_per_thread) {
+  if (at::in_parallel_region()) return 1;
+  const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, min_work_per_thread));
+  return std::max<int64_t>(1, std::min<int64_t>({at::get_num_threads(), n, by_work}));
+}
+
+struct TaskRange {
+  glai_cpu::TaskFn fn;
+  void* ctx;
+};
+
+// Task t of n, one at a time from the pool's shared counter: each output element belongs to one
+// task whatever thread runs it, so results stay the same bits for any thread count or schedule.
+int run_tasks(int64_t n, int64_t threads, glai_cpu::TaskFn fn, void* ctx) {
+  TaskRange range{fn, ctx};
+  return glai_pool::run(
+      n, static_cast<int>(threads - 1),
+      [](void* c, int64_t t) {
+        const auto* r = static_cast<TaskRange*>(c);
+        r->fn(r->ctx, t, t + 1);
+      },
+      &range);
+}
+
 void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
-  const int64_t by_work = std::max<int64_t>(1, flops / kMinFlopsPerThread);
-  const int64_t threads = std::min<int64_t>({at::get_num_threads(), n, by_work});
-  if (threads <= 1 || at::in_parallel_region()) {
+  const int64_t threads = threads_for(n, flops, g_min_flops_per_thread.load());
+  if (threads <= 1) {
     fn(ctx, 0, n);
     return;
   }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t worker = begin; worker < end; ++worker) {
-      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(ctx, t, t + 1);
-    }
-  });
+  run_tasks(n, threads, fn, ctx);
 }
 
 // Asks the kernel for transparent huge pages under a fresh, not yet touched result (dweight).
@@ -276,27 +297,35 @@ std::string cpu_isa(const std::string& name) {
   return glai_cpu::isa();
 }
 
-// How many distinct threads ran `tasks` tasks through the kernels' parallel_for: lets a test
-// check that torch.set_num_threads governs them (it would not if the extension had linked an
-// OpenMP runtime of its own).
+// How many distinct threads ran `tasks` tasks through the kernels' task pool, after checking
+// that each task ran exactly once: lets a test check that torch.set_num_threads governs them.
+// Each task sleeps long enough that every helper wakes and takes one before the counter runs
+// out.
 int64_t parallel_threads(int64_t tasks) {
-  struct Seen {
-    std::mutex lock;
-    std::set<int> ids;
-  } seen;
-  run_parallel(
-      tasks, std::numeric_limits<int64_t>::max(),
-      [](void* ctx, int64_t, int64_t) {
-        auto* s = static_cast<Seen*>(ctx);
-        {
-          const std::lock_guard<std::mutex> guard(s->lock);
-          s->ids.insert(at::get_thread_num());
-        }
-        // long enough that every started worker takes a task before the counter runs out
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      },
-      &seen);
-  return static_cast<int64_t>(seen.ids.size());
+  TORCH_CHECK(tasks >= 0, "glai_ext::parallel_threads: tasks must be >= 0, got ", tasks);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  std::vector<std::atomic<int>> runs(static_cast<size_t>(tasks));
+  const glai_cpu::TaskFn count = [](void* ctx, int64_t begin, int64_t end) {
+    auto* r = static_cast<std::atomic<int>*>(ctx);
+    for (int64_t t = begin; t < end; ++t) r[t].fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  int seen = tasks > 0 ? 1 : 0;
+  if (threads <= 1) {
+    count(runs.data(), 0, tasks);
+  } else {
+    seen = run_tasks(tasks, threads, count, runs.data());
+  }
+  for (int64_t t = 0; t < tasks; ++t)
+    TORCH_CHECK(runs[t].load() == 1, "glai_ext::parallel_threads: task ", t, " ran ",
+                runs[t].load(), " times");
+  return seen;
+}
+
+// The FLOPs per thread below which a dense kernel call uses fewer threads; returns the old
+// value (a negative `flops` only reads it).
+int64_t min_flops_per_thread(int64_t flops) {
+  return flops >= 0 ? g_min_flops_per_thread.exchange(flops) : g_min_flops_per_thread.load();
 }
 
 }  // namespace
@@ -308,6 +337,7 @@ TORCH_LIBRARY(glai_ext, m) {
       "bool need_act, bool need_weight) -> (Tensor, Tensor, Tensor)");
   m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
   m.def("parallel_threads(int tasks) -> int", &parallel_threads);
+  m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {

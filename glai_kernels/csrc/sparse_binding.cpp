@@ -30,6 +30,7 @@
 
 #include "cpu/sparse_kernels.h"
 #include "sparse_schema.h"
+#include "task_pool.h"
 
 namespace glai_ext {
 namespace {
@@ -165,23 +166,26 @@ at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
 }
 
 // Runs fn(begin, end) over chunks of [0, n) on up to torch's intra-op thread count (fewer
-// for small work), chunks taken one at a time from a shared counter so that a descheduled
-// thread on a shared machine does not hold back the rest. Returns whether any chunk was bad.
+// for small work), chunks taken one at a time from the task pool's shared counter, which never
+// waits for a helper that has not started (task_pool.h). Returns whether any chunk was bad.
 template <typename F>
 bool run_items(int64_t n, int64_t work, const F& fn) {
   const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, g_min_work.load()));
   const int64_t threads = std::min<int64_t>({at::get_num_threads(), n, by_work});
   if (threads <= 1 || at::in_parallel_region()) return fn(int64_t{0}, n) != 0;
-  const int64_t chunks = std::min<int64_t>(n, threads * 8);
-  std::atomic<int64_t> next{0};
-  std::atomic<int> bad{0};
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t worker = begin; worker < end; ++worker) {
-      for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
-        if (fn(n * c / chunks, n * (c + 1) / chunks) != 0) bad.store(1);
-    }
-  });
-  return bad.load() != 0;
+  struct Chunks {
+    const F* fn;
+    int64_t n, chunks;
+    std::atomic<int> bad{0};
+  } job{&fn, n, std::min<int64_t>(n, threads * 8)};
+  glai_pool::run(job.chunks, static_cast<int>(threads - 1),
+                 [](void* ctx, int64_t c) {
+                   auto* j = static_cast<Chunks*>(ctx);
+                   if ((*j->fn)(j->n * c / j->chunks, j->n * (c + 1) / j->chunks) != 0)
+                     j->bad.store(1);
+                 },
+                 &job);
+  return job.bad.load() != 0;
 }
 
 template <typename T>

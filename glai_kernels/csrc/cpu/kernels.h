@@ -12,8 +12,7 @@ namespace glai_cpu {
 
 // Runs fn(ctx, begin, end) over contiguous chunks of [0, n), possibly on several threads;
 // `flops` (the work of all n tasks) lets the runner keep small jobs on one thread. The binding
-// implements it with at::parallel_for, so torch's OpenMP pool (and torch.set_num_threads)
-// governs the kernels' threads.
+// implements it with its task pool (task_pool.h) on up to torch.get_num_threads() threads.
 using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end);
 using ParallelFn = void (*)(int64_t n, int64_t flops, TaskFn fn, void* ctx);
 

@@ -1,0 +1,117 @@
+// glai_pool::run (task_pool.h): helper threads sleep on a condition variable between jobs.
+#include "task_pool.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace glai_pool {
+namespace {
+
+struct Job {
+  Task task;
+  void* ctx;
+  int64_t n;
+  std::atomic<int64_t> next{0};   // the next task to claim
+  std::atomic<int64_t> done{0};   // tasks finished
+  std::atomic<int> slots{0};      // helpers still allowed to join
+  std::atomic<int> runners{0};    // threads that ran at least one task
+};
+
+// Claims and runs tasks until none is left.
+void work(Job& job) {
+  int64_t ran = 0;
+  for (int64_t t = job.next.fetch_add(1); t < job.n; t = job.next.fetch_add(1)) {
+    job.task(job.ctx, t);
+    ++ran;
+    job.done.fetch_add(1, std::memory_order_release);
+  }
+  if (ran > 0) job.runners.fetch_add(1);
+}
+
+class Pool {
+ public:
+  // The job goes to the helpers by shared_ptr: a helper that wakes late keeps it alive
+  // itself, so the caller may return (and its job die) whenever the tasks are done.
+  int run(int64_t n, int helpers, Task task, void* ctx) {
+    auto job = std::make_shared<Job>();
+    job->task = task;
+    job->ctx = ctx;
+    job->n = n;
+    job->slots.store(helpers);
+    {
+      const std::lock_guard<std::mutex> guard(lock_);
+      while (started_ < helpers) {
+        std::thread(&Pool::loop, this).detach();
+        ++started_;
+      }
+      job_ = job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(*job);
+    // the last tasks are running on helpers: spin briefly, then give the core away
+    for (int spins = 0; job->done.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins > 2000) std::this_thread::yield();
+    }
+    {
+      const std::lock_guard<std::mutex> guard(lock_);
+      if (job_ == job) job_.reset();
+    }
+    return job->runners.load();
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> guard(lock_);
+        wake_.wait(guard, [&] { return generation_ != seen; });
+        seen = generation_;
+        job = job_;
+      }
+      // more helpers than this job asked for exist when the thread count went down
+      if (job && job->slots.fetch_sub(1) > 0) work(*job);
+    }
+  }
+
+  std::mutex lock_;
+  std::condition_variable wake_;
+  std::shared_ptr<Job> job_;
+  uint64_t generation_ = 0;
+  int started_ = 0;
+};
+
+}  // namespace
+
+int run(int64_t n, int helpers, Task task, void* ctx) {
+  if (helpers <= 0 || n <= 1) {
+    for (int64_t t = 0; t < n; ++t) task(ctx, t);
+    return n > 0 ? 1 : 0;
+  }
+  // a forked child has the parent's pool object but none of its threads (nor, maybe, a
+  // usable lock): it starts a pool of its own, the old one left as it is
+  static std::atomic<Pool*> pool{nullptr};
+  static std::atomic<pid_t> owner{0};
+  const pid_t pid = getpid();
+  Pool* current = pool.load();
+  if (current == nullptr || owner.load() != pid) {
+    static std::mutex creating;
+    const std::lock_guard<std::mutex> guard(creating);
+    current = pool.load();
+    if (current == nullptr || owner.load() != pid) {
+      current = new Pool();  // never freed: helpers sleep in it until the process ends
+      pool.store(current);
+      owner.store(pid);
+    }
+  }
+  return current->run(n, helpers, task, ctx);
+}
+
+}  // namespace glai_pool
