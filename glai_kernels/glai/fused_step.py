@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,7 @@ from glai_kernels import registry
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.glai.head import GLAIHead
 from glai_kernels.sparse import op as sparse_op
+from glai_kernels.sparse.layout import KeptIndex
 
 _UNSUPPORTED_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
 
@@ -95,10 +97,10 @@ class FusedSparseStep:
             raise ValueError(f"FusedSparseStep: {why}")
         self.head, self.optimizer = head, optimizer
         self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype), backend)
+        self._cached_plan: _Plan | None = None
 
-    def _forward(self, x: torch.Tensor, calls: list, parts: tuple) -> torch.Tensor:
-        selector, sw, bias, index = parts
-        values = sw.values
+    def _forward(self, x: torch.Tensor, calls: list, plan: _Plan) -> torch.Tensor:
+        values = plan.values
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"FusedSparseStep: the model's input x must be a tensor, got "
                             f"{type(x).__name__}")
@@ -112,18 +114,18 @@ class FusedSparseStep:
         # the selector checks x's shape; what the estimator's checks (`check_inputs`) would
         # add here is fixed for the head and was checked when its weight was built
         impl = self._backend(x)
-        out_count = sw.shape[0]
+        batch = x.shape[0]
         with torch.no_grad():
-            act = selector(x).contiguous()
+            act = plan.selector(x).contiguous()
             x_aug = F.pad(x, (0, 1), value=1.0).contiguous()
-            if sw.nnz == 0 or x.shape[0] == 0:
-                y = x.new_zeros(x.shape[0], out_count)  # an empty sum is zero
+            if plan.nnz == 0 or batch == 0:
+                y = x.new_zeros(batch, plan.outputs)  # an empty sum is zero
             else:
-                # the eager forward's own call (glai_kernels/sparse/op.py), same bits
-                y, _ = backend_calls.forward(impl, (x_aug, act, values, index),
-                                             (x.shape[0], out_count), x.dtype, None)
-            if bias is not None:
-                y = y + bias
+                # the eager forward's own call and result check (glai_kernels/sparse/op.py)
+                y = backend_calls.checked(impl, "y", impl.forward(x_aug, act, values, plan.index),
+                                          (batch, plan.outputs), x.dtype)
+            if plan.bias is not None:
+                y = y + plan.bias
         y.requires_grad_(True)
         calls.append((x_aug, act, impl, y))
         return y
@@ -133,45 +135,62 @@ class FusedSparseStep:
         key = (head.backend, os.environ.get(registry.ENV_VAR), x.device, x.dtype)
         if self._resolved is None or self._resolved[0] != key:
             self._resolved = (key, sparse_op.resolve(head.backend, x.device, x.dtype))
-        head.backend_used = f"sparse:{self._resolved[1].name}"
+        used = f"sparse:{self._resolved[1].name}"
+        if head.__dict__.get("backend_used") != used:  # nn.Module's __setattr__ costs ≈ 1 µs
+            head.backend_used = used
         return self._resolved[1]
 
-    def _parts(self) -> tuple:
-        # (selector, sparse weight, bias, contiguous index), read once a step from the
-        # module dicts (GLAIHead's and nn.Module's __getattr__ cost ≈ 1 µs a read) and each
-        # step anew: load_state_dict may replace the weight's buffers
+    def _plan(self) -> _Plan:
+        # read from the module dicts (GLAIHead's and nn.Module's __getattr__ cost ≈ 1 µs a
+        # read) and checked anew each step, rebuilt when anything it holds was replaced
+        # (load_state_dict may replace the weight's buffers)
         head = self.head
         sw = head._modules["sparse_weight"]
-        return (head._modules["selector"], sw, head._parameters.get("bias"),
-                sparse_op.contiguous_index(sw.index))
+        parts = (head._modules["selector"], sw, head._parameters.get("bias"),
+                 sw._parameters["values"], *sw._buffers.values())
+        plan = self._cached_plan
+        if plan is None or len(plan.parts) != len(parts) or any(
+                a is not b for a, b in zip(plan.parts, parts, strict=True)):
+            selector, _, bias, values = parts[:4]
+            plan = _Plan(parts, selector, bias, values, sparse_op.contiguous_index(sw.index),
+                         sw.shape[0], values.numel())
+            self._cached_plan = plan
+        return plan
 
     def step(self, loss_of: Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
              ) -> torch.Tensor:
         """Run `loss_of(model)` with a stand-in for the head, then backward and the
         optimizer's update; returns the loss, detached."""
         calls: list = []
-        parts = self._parts()
-        loss = loss_of(lambda x: self._forward(x, calls, parts))
+        plan = self._plan()
+        loss = loss_of(lambda x: self._forward(x, calls, plan))
         if not calls:
             raise ValueError("FusedSparseStep: loss_of never called the model")
-        ys = [y for *_, y in calls]
-        grads = torch.autograd.grad(loss, ys, allow_unused=True)
-        _, sw, bias, index = parts
+        grads = torch.autograd.grad(loss, [y for *_, y in calls], allow_unused=True)
+        bias, values = plan.bias, plan.values
+        train_bias = bias is not None and bias.requires_grad
+        needs = (False, False, True)
         dvalues = dbias = None
         for (x_aug, act, impl, _), dy in zip(calls, grads, strict=True):
             if dy is None:  # this call's output did not reach the loss
                 continue
             dy = dy.contiguous()
-            empty = sw.nnz == 0 or x_aug.shape[0] == 0
-            _, _, dv = sparse_op.eager_backward(impl, dy, x_aug, act, sw.values, index, None,
-                                                (False, False, True), empty)
+            if plan.nnz == 0 or x_aug.shape[0] == 0:
+                dv = torch.zeros_like(values)
+            else:  # eager_backward's call and check (glai_kernels/sparse/op.py)
+                dv = backend_calls.checked(
+                    impl, "dvalues", impl.backward(dy, x_aug, act, values, plan.index, needs)[2],
+                    values.shape, values.dtype)
             dvalues = dv if dvalues is None else dvalues + dv
-            if bias is not None and bias.requires_grad:
-                db = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+            if train_bias:
+                acc = accumulation_dtype(dy.dtype)
+                db = dy.sum(0, dtype=acc)
+                if acc != dy.dtype:
+                    db = db.to(dy.dtype)
                 dbias = db if dbias is None else dbias + db
         if dvalues is None:
             raise ValueError("FusedSparseStep: the loss does not depend on the model's output")
-        pairs = [(sw.values, dvalues)] + ([(bias, dbias)] if dbias is not None else [])
+        pairs = [(values, dvalues)] + ([(bias, dbias)] if dbias is not None else [])
         self._update(pairs)
         return loss.detach()
 
@@ -179,7 +198,8 @@ class FusedSparseStep:
         optimizer = self.optimizer
         unfused = False
         for group in optimizer.param_groups:
-            mine = [(p, g) for p, g in pairs if any(p is q for q in group["params"])]
+            in_group = group["params"]
+            mine = [(p, g) for p, g in pairs if any(p is q for q in in_group)]
             if not mine:
                 continue
             if not group.get("fused"):
@@ -187,19 +207,20 @@ class FusedSparseStep:
                     p.grad = g
                 unfused = True
                 continue
-            params, grads = [p for p, _ in mine], [g for _, g in mine]
+            params = [p for p, _ in mine]
             states = [self._state(p) for p in params]
             steps = [st["step"] for st in states]
             torch._foreach_add_(steps, 1)
             beta1, beta2 = group["betas"]
             update = (torch._fused_adamw_ if group.get("decoupled_weight_decay")
                       else torch._fused_adam_)
-            with torch.no_grad():
-                update(params, grads, [st["exp_avg"] for st in states],
-                       [st["exp_avg_sq"] for st in states], [], steps, amsgrad=False,
-                       lr=group["lr"], beta1=beta1, beta2=beta2,
-                       weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-                       grad_scale=None, found_inf=None)
+            # the parameters are leaves that require grad: torch.optim's own update runs
+            # under no_grad too; detach() is cheaper than entering the mode
+            update([p.detach() for p in params], [g for _, g in mine],
+                   [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states], [],
+                   steps, amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                   weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                   grad_scale=None, found_inf=None)
         if unfused:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -212,6 +233,18 @@ class FusedSparseStep:
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
+
+
+class _Plan(NamedTuple):
+    """What a step reads of the head, kept while the same objects are in place."""
+
+    parts: tuple  # the objects it was built from, compared by identity each step
+    selector: torch.nn.Module
+    bias: torch.Tensor | None
+    values: torch.Tensor
+    index: KeptIndex  # contiguous
+    outputs: int
+    nnz: int
 
 
 def fused_step_for(model: torch.nn.Module, optimizer: torch.optim.Optimizer

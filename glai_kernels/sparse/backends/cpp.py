@@ -42,6 +42,9 @@ BATCH_PAD = extension.SPARSE_BATCH_PAD
 """Zg^T's row length is B rounded up to this (glai_cpu::sparse::kBatchPad)."""
 
 
+_NOTHING_SAVED = torch.empty(0)  # "recompute the group sums"; one tensor for every call
+
+
 def padded_batch(batch):
     """B rounded up to BATCH_PAD (works on SymInts too)."""
     return extension.sparse_saved_shape(0, batch, "cpu")[1]
@@ -71,7 +74,7 @@ def cpp_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), only those in `needs`; `saved` is
     cpp_forward_saving's Zg^T, else dact recomputes the group sums."""
-    zg = saved if saved is not None else dy.new_empty(0)
+    zg = saved if saved is not None else _NOTHING_SAVED
     grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg, list(needs))
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
