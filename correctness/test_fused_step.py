@@ -116,6 +116,33 @@ def test_the_optimizer_state_is_shared_with_optimizer_step():
         assert torch.equal(a, b)
 
 
+def test_the_step_follows_an_index_replaced_under_it():
+    """The stepper reads the head through a plan it keeps between steps: a weight loaded with
+    another index (the same K, other groups, so new index tensors) must be the one it trains."""
+    dtype = torch.float64
+    ordinary = sparse_head(dtype)
+    mlp = random_mlp((11, 14, 5), seed=4, dtype=dtype)
+    omega = torch.randn(64, 11, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    other = prune(from_mlp(mlp), omega, keep=ordinary.path_count(), layout="sparse").head
+    assert [len(t) for t in other.sparse_weight.index] != \
+        [len(t) for t in ordinary.sparse_weight.index]  # the load must replace tensors
+    fused = copy.deepcopy(ordinary)
+    opt_o = OPTIMIZERS["adam"](ordinary.parameters())
+    opt_f = OPTIMIZERS["adam"](fused.parameters())
+    stepper = FusedSparseStep(fused, opt_f)
+    for step, (x, t) in enumerate(batches(dtype)):
+        if step == 1:
+            for head in (ordinary, fused):
+                head.load_state_dict(other.state_dict())
+        opt_o.zero_grad(set_to_none=True)
+        F.cross_entropy(ordinary(x), t).backward()
+        opt_o.step()
+        stepper.step(lambda model, x=x, t=t: F.cross_entropy(model(x), t))
+    for a, b in zip(state_of(fused, opt_f), state_of(ordinary, opt_o), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(fused.sparse_weight.index.inputs, other.sparse_weight.index.inputs)
+
+
 def test_inputs_are_not_modified_and_the_loss_decreases():
     head = sparse_head(torch.float32)
     stepper = FusedSparseStep(head, OPTIMIZERS["adam"](head.parameters()))
