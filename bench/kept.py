@@ -10,10 +10,12 @@ per pass:
 
 Passes: `forward` (no grad; the estimator alone, or the MLP's forward) and `step` (a whole
 training step: the GLAIHead's forward, i.e. the selector (the reduced MLP's first layer and
-its ReLU gates) and the estimator with its bias, backward to the path weights and bias, then
-Adam (weight decay 0.1) over the K values (sparse) or over the masked [O, I, P] weight with
-its gradient mask (dense); the MLP's is forward, backward and SGD (weight decay 1e-3).
-Optimizers are `glai_kernels.glai.make_optimizer`'s, fused where torch has them.
+its ReLU gates) and the estimator with its bias, the loss <y, dy>, backward to the path
+weights and bias, then Adam (weight decay 0.1) over the K values (sparse) or over the masked
+[O, I, P] weight with its gradient mask (dense); the MLP's is forward, the same loss,
+backward and SGD (weight decay 1e-3). Optimizers are `glai_kernels.glai.make_optimizer`'s,
+fused where torch has them. A sparse row times the step `glai_kernels.glai.fit` runs, the
+`FusedSparseStep` (its first call, the one judged, is the bit-identical autograd step).
 
 Inputs, from the run's seed: a random reduced MLP (n0, P, n2) gives the selector; x [B, n0]
 and the upstream gradient dy [B, O] are Gaussian; the path weights are Gaussian; the mask is
@@ -53,6 +55,7 @@ from glai_kernels.glai import (
     make_optimizer,
     paper_training,
 )
+from glai_kernels.glai.fused_step import fused_step_for
 from glai_kernels.op import estimator
 from glai_kernels.paper_heads import PAPER_HEADS
 from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, SparseShape
@@ -167,9 +170,14 @@ def _forward_call(label: str, inputs: HeadInputs, sw: SparsePathWeight,
     return call
 
 
-def _step_call(label: str, head_name: str, inputs: HeadInputs, sw: SparsePathWeight,
-               masked: torch.Tensor, mask: torch.Tensor) -> Callable[[], Outputs]:
-    """One training step; returns y and the path weights' gradient (before the step)."""
+def _step_calls(label: str, head_name: str, inputs: HeadInputs, sw: SparsePathWeight,
+                masked: torch.Tensor, mask: torch.Tensor
+                ) -> tuple[Callable[[], Outputs], Callable[[], Outputs]]:
+    """(checked, timed): one training step each, on one model and optimizer. The loss is
+    <y, dy>, so the gradient reaching y is dy exactly. `checked` runs autograd and
+    torch.optim and returns y and the path weights' gradient (before the step); `timed` is the
+    step `glai_kernels.glai.fit` runs: for a sparse head with Adam, `FusedSparseStep`
+    (bit-identical to `checked`, correctness/test_fused_step.py), else `checked` itself."""
     training = paper_training(PAPER_HEADS[head_name])
     if label == MLP:
         # a copy per case: its steps must not move the MLP its oracle and forward rows use
@@ -191,16 +199,23 @@ def _step_call(label: str, head_name: str, inputs: HeadInputs, sw: SparsePathWei
                                    weight_decay=GLAI_WEIGHT_DECAY)
         grad_of = param
 
-    def call() -> Outputs:
+    def loss_of(m: torch.nn.Module) -> torch.Tensor:
+        return (m(inputs.x) * inputs.dy).sum()
+
+    def checked() -> Outputs:
         y = model(inputs.x)
-        y.backward(inputs.dy)
+        (y * inputs.dy).sum().backward()
         out = {"y": y.detach()}
         if grad_of is not None:
             out["dweight"] = grad_of.grad
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
-    return call
+
+    fused = fused_step_for(model, optimizer) if grad_of is not None else None
+    if fused is None:
+        return checked, checked
+    return checked, lambda: {"loss": fused.step(loss_of)}
 
 
 def _error_ratio(label: str, outputs: Outputs, inputs: HeadInputs, oracle: Oracle,
@@ -284,9 +299,11 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
                 continue
             started = time.perf_counter()
             try:
-                fn = (_forward_call(label, inputs, sw, masked) if p == "forward" else
-                      _step_call(label, head, inputs, sw, masked, mask))
-                calls = first_calls(fn, fn, device, preset, m)
+                if p == "forward":
+                    check = fn = _forward_call(label, inputs, sw, masked)
+                else:
+                    check, fn = _step_calls(label, head, inputs, sw, masked, mask)
+                calls = first_calls(check, fn, device, preset, m)
                 if calls is None:
                     continue
                 first, second = calls

@@ -123,7 +123,7 @@ def _predictions() -> list[str]:
     try:
         from bench import predict
 
-        text = predict.markdown() if hasattr(predict, "markdown") else None
+        text = predict.markdown(predict.predictions())
     except Exception as e:  # its failure must not cost the measured report
         return ["## Roofline predictions", "", f"(bench.predict failed: {e})", ""]
     if not text:

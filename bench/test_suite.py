@@ -363,6 +363,9 @@ def test_json_and_summary(tiny_run):
     assert "| A2 |" in summary and "cpu" in summary
     for name in plots.CHARTS:
         assert f"plots/{name}" in summary
+    # the GPU roofline predictions, labelled as predictions (their renderer once failed here)
+    assert "## Roofline predictions (datasheet peaks; predictions, not measurements)" in summary
+    assert "bench.predict failed" not in summary
 
 
 def test_the_run_writes_its_dispatch_table(tiny_run):

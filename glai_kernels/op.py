@@ -174,6 +174,10 @@ def _setup_context(ctx, inputs, output):
     x, act, weight, _bias, backend, *_ = inputs
     saved = output[1]
     ctx.mark_non_differentiable(saved)
+    # otherwise autograd hands the backward a zero-filled gradient for `saved` (Z [B, O, P]):
+    # a fresh 4.8 MB fill at A1, B = 256, 42 MB at B1, per backward (bench/NOTES.md, "Two
+    # threads without waiting ...")
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, act, weight, saved)
     ctx.backend = backend
 
@@ -182,6 +186,8 @@ def _backward(ctx, dy, _dsaved):
     x, act, weight, saved = ctx.saved_tensors
     need_x, need_act, need_weight, need_bias = ctx.needs_input_grad[:4]
     dx = dact = dweight = dbias = None
+    if dy is None:  # y reached no loss: every gradient is None, as without the op
+        return dx, dact, dweight, dbias, None, None
     if need_x or need_act or need_weight:
         gx, gact, gweight = estimator_backward_op(
             dy, x, act, weight, saved, [need_x, need_act, need_weight], ctx.backend)

@@ -20,17 +20,33 @@ struct Job {
   std::atomic<int64_t> done{0};   // tasks finished
   std::atomic<int> slots{0};      // helpers still allowed to join
   std::atomic<int> runners{0};    // threads that ran at least one task
+  std::mutex lock;                // with `finished`: the caller sleeps until the last task ends
+  std::condition_variable finished;
 };
 
-// Claims and runs tasks until none is left.
+// Claims and runs tasks until none is left; whoever finishes the last task wakes the caller.
 void work(Job& job) {
   int64_t ran = 0;
   for (int64_t t = job.next.fetch_add(1); t < job.n; t = job.next.fetch_add(1)) {
     job.task(job.ctx, t);
     ++ran;
-    job.done.fetch_add(1, std::memory_order_release);
+    if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.n) {
+      const std::lock_guard<std::mutex> guard(job.lock);
+      job.finished.notify_all();
+    }
   }
   if (ran > 0) job.runners.fetch_add(1);
+}
+
+// The caller's wait for tasks still running on helpers: a short spin, then sleep. Sleeping,
+// not yielding, matters: it leaves the caller's core idle, so the scheduler moves a helper
+// that is waiting for a core there, e.g. behind an OpenMP worker of torch's that spins after
+// its own parallel region (bench/NOTES.md, "Two threads without waiting ...").
+void wait_done(Job& job) {
+  for (int spins = 0; spins < 1000; ++spins)
+    if (job.done.load(std::memory_order_acquire) >= job.n) return;
+  std::unique_lock<std::mutex> guard(job.lock);
+  job.finished.wait(guard, [&] { return job.done.load(std::memory_order_acquire) >= job.n; });
 }
 
 class Pool {
@@ -54,10 +70,7 @@ class Pool {
     }
     wake_.notify_all();
     work(*job);
-    // the last tasks are running on helpers: spin briefly, then give the core away
-    for (int spins = 0; job->done.load(std::memory_order_acquire) < n; ++spins) {
-      if (spins > 2000) std::this_thread::yield();
-    }
+    wait_done(*job);
     {
       const std::lock_guard<std::mutex> guard(lock_);
       if (job_ == job) job_.reset();

@@ -103,6 +103,7 @@ def _setup_context(ctx, inputs, output):
     x, act, values, index, _bias, backend, *_ = inputs
     saved = output[1]
     ctx.mark_non_differentiable(saved)
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for Zg (the dense op's reason)
     ctx.save_for_backward(x, act, values, saved, *index)
     ctx.backend = backend
 
@@ -112,6 +113,8 @@ def _backward(ctx, dy, _dsaved):
     no_index_grads = [None] * len(index)  # a list input takes a list of (no) gradients
     need_x, need_act, need_values, _, need_bias = ctx.needs_input_grad[:5]
     dx = dact = dvalues = dbias = None
+    if dy is None:  # y reached no loss: every gradient is None
+        return dx, dact, dvalues, no_index_grads, dbias, None, None
     if need_x or need_act or need_values:
         gx, gact, gvalues = sparse_estimator_backward_op(
             dy, x, act, values, index, saved, [need_x, need_act, need_values], ctx.backend)
