@@ -81,3 +81,54 @@ def test_compile_backend_does_not_recompile_per_batch():
                                    backend="compile")
         y.sum().backward()
     assert counters["stats"]["unique_graphs"] == frames_before
+
+
+class _FillRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """The shapes of every tensor a zero-fill op produced while active."""
+
+    FILLS = frozenset({torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default,
+             torch.ops.aten.fill_.Scalar, torch.ops.aten.zero_.default,
+             torch.ops.aten.new_zeros.default})
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.FILLS and isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def _saved_and_fills(op: str) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """(the shape of the op's saved state, the shapes every zero fill produced during its
+    backward), through the registered custom op's autograd."""
+    from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
+
+    x, act, weight, bias = _inputs("cpu")
+    if op == "dense":
+        y, saved = torch.ops.glai.estimator(x, act, weight, bias, "torch", True)
+        wrt = [x, act, weight]
+    else:
+        if SPARSE_ESTIMATOR.get("cpp").unsupported_reason("cpu", torch.float32):
+            pytest.skip("the sparse cpp backend (it keeps Zg) is unavailable here")
+        sw = from_dense(weight.detach(), torch.ones(weight.shape, dtype=torch.bool))
+        values = sw.values.detach().requires_grad_(True)
+        y, saved = torch.ops.glai.sparse_estimator(x, act, values, list(sw.index), bias,
+                                                   "cpp", True)
+        wrt = [x, act, values]
+    assert saved.numel() > 0  # the backward has a saved state to be handed a gradient for
+    recorder = _FillRecorder()
+    with recorder:
+        torch.autograd.grad(y.sum(), wrt)
+    return tuple(saved.shape), recorder.shapes
+
+
+@pytest.mark.parametrize("op", ["dense", "sparse"])
+def test_the_backward_gets_no_zero_filled_gradient_for_the_saved_state(op):
+    """The forward's second output (Z [B, O, P], or the sparse Zg) is for the backward alone:
+    autograd must not hand the backward a zero-filled gradient for it (a 42 MB fill per step
+    at B1; bench/NOTES.md, "Two threads without waiting ...")."""
+    saved_shape, fills = _saved_and_fills(op)
+    assert saved_shape not in fills, fills
