@@ -122,6 +122,25 @@ def test_both_forward_forms_agree(built, inputs):
     torch.testing.assert_close(plain, saving)
 
 
+@pytest.mark.parametrize(("batch", "inputs", "paths"),
+                         [(40, 300, 6), (50, 300, 6), (70, 300, 6), (50, 100, 1100)],
+                         ids=["3-vectors", "4-vectors", "5-vectors", "over-1024-groups"])
+def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths):
+    """y alone at 3-5 vectors of lanes with x^T over 24 KB walks the inputs in blocks (a
+    cursor per group; an output with more than 1024 groups falls back to the unblocked form):
+    the same y as the saving forward, and as the float64 oracle."""
+    x, act, values, index, _ = _problem(batch, inputs, paths, 2, 0.5, seed=inputs + paths)
+    ld = sparse_cpp.padded_batch(batch)  # x^T is [I, ld]
+    assert inputs * ld * 4 > 24 * 1024 and values.numel() >= 16 * len(index[2])
+    plain, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, False)
+    saving, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
+    torch.testing.assert_close(plain, saving)
+    sw = from_dense(torch.zeros(2, inputs, paths), torch.zeros(2, inputs, paths, dtype=torch.bool))
+    sw.load_state_dict({"values": values, **dict(zip(KeptIndex._fields, index, strict=True))})
+    exact = torch.einsum("bi,bs,ois->bo", x.double(), act.double(), sw.to_dense().double())
+    torch.testing.assert_close(plain.double(), exact, rtol=1e-4, atol=1e-4)
+
+
 def test_half_inputs_keep_zg_in_float32(built):
     x, act, values, index, _ = _problem(6, 8, 5, 3, 0.5, dtype=torch.bfloat16)
     y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
