@@ -26,16 +26,19 @@ struct Job {
 
 // Claims and runs tasks until none is left; whoever finishes the last task wakes the caller.
 void work(Job& job) {
-  int64_t ran = 0;
+  bool counted = false;
   for (int64_t t = job.next.fetch_add(1); t < job.n; t = job.next.fetch_add(1)) {
+    // counted before its first task ends, so the caller, once every task is done, sees it
+    if (!counted) {
+      job.runners.fetch_add(1, std::memory_order_relaxed);
+      counted = true;
+    }
     job.task(job.ctx, t);
-    ++ran;
     if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.n) {
       const std::lock_guard<std::mutex> guard(job.lock);
       job.finished.notify_all();
     }
   }
-  if (ran > 0) job.runners.fetch_add(1);
 }
 
 // The caller's wait for tasks still running on helpers: a short spin, then sleep. Sleeping,
