@@ -25,7 +25,6 @@
 #include <atomic>
 #include <cstdint>
 #include <chrono>
-#include <limits>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -77,15 +76,6 @@ namespace {
 // glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
 std::atomic<int64_t> g_min_flops_per_thread{int64_t{16} << 20};
 
-// How many threads a job of `n` tasks and `work` units should use: torch's intra-op thread
-// count (torch.set_num_threads governs the kernels), fewer for small jobs, one inside a
-// parallel region of torch's.
-int64_t threads_for(int64_t n, int64_t work, int64_t min_work_per_thread) {
-  if (at::in_parallel_region()) return 1;
-  const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, min_work_per_thread));
-  return std::max<int64_t>(1, std::min<int64_t>({at::get_num_threads(), n, by_work}));
-}
-
 struct TaskRange {
   glai_cpu::TaskFn fn;
   void* ctx;
@@ -105,7 +95,9 @@ int run_tasks(int64_t n, int64_t threads, glai_cpu::TaskFn fn, void* ctx) {
 }
 
 void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
-  const int64_t threads = threads_for(n, flops, g_min_flops_per_thread.load());
+  // torch.set_num_threads governs the kernels; one thread inside a parallel region of torch's
+  const int64_t threads = glai_pool::threads_for(
+      n, flops, g_min_flops_per_thread.load(), at::in_parallel_region() ? 1 : at::get_num_threads());
   if (threads <= 1) {
     fn(ctx, 0, n);
     return;

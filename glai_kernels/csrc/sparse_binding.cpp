@@ -170,9 +170,9 @@ at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
 // waits for a helper that has not started (task_pool.h). Returns whether any chunk was bad.
 template <typename F>
 bool run_items(int64_t n, int64_t work, const F& fn) {
-  const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, g_min_work.load()));
-  const int64_t threads = std::min<int64_t>({at::get_num_threads(), n, by_work});
-  if (threads <= 1 || at::in_parallel_region()) return fn(int64_t{0}, n) != 0;
+  const int64_t threads = glai_pool::threads_for(
+      n, work, g_min_work.load(), at::in_parallel_region() ? 1 : at::get_num_threads());
+  if (threads <= 1) return fn(int64_t{0}, n) != 0;
   struct Chunks {
     const F* fn;
     int64_t n, chunks;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -128,6 +129,11 @@ int run(int64_t n, int helpers, Task task, void* ctx) {
     }
   }
   return current->run(n, helpers, task, ctx);
+}
+
+int64_t threads_for(int64_t n, int64_t work, int64_t min_work_per_thread, int64_t available) {
+  const int64_t by_work = std::max<int64_t>(1, work / std::max<int64_t>(1, min_work_per_thread));
+  return std::max<int64_t>(1, std::min<int64_t>({available, n, by_work}));
 }
 
 }  // namespace glai_pool

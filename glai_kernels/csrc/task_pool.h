@@ -19,4 +19,8 @@ using Task = void (*)(void* ctx, int64_t task);
 // pool threads (0: the caller alone). Returns how many distinct threads ran at least one task.
 int run(int64_t n, int helpers, Task task, void* ctx);
 
+// How many threads a job of `n` tasks and `work` units should use, of `available`: fewer for
+// small work (one per `min_work_per_thread`), never more than the tasks, at least one.
+int64_t threads_for(int64_t n, int64_t work, int64_t min_work_per_thread, int64_t available);
+
 }  // namespace glai_pool
