@@ -386,6 +386,13 @@ def run_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
     return torch.ops.glai_ext.forward(x, act, weight, save)
 
 
+def run_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
+               gates: bool) -> torch.Tensor:
+    """glai_ext::linear: a frozen layer on CPU, x [B, I] @ weight_t [I, N] + bias [N] ->
+    [B, N] (float32/float64), or its 0/1 gates [> 0] in x's dtype when `gates`."""
+    return torch.ops.glai_ext.linear(x, weight_t, bias, gates)
+
+
 def run_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -423,6 +430,12 @@ def _forward_fake(x, act, weight, save):
     z_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     saved = x.new_empty(batch, outputs, paths, dtype=z_dtype) if keeps_z else x.new_empty(0)
     return x.new_empty(batch, outputs), saved
+
+
+def _linear_fake(x, weight_t, bias, gates):
+    torch._check(x.dim() == 2 and weight_t.dim() == 2 and weight_t.shape[0] == x.shape[1],
+                 lambda: "glai_ext::linear: x must be [B, I] and weight_t [I, N]")
+    return x.new_empty(x.shape[0], weight_t.shape[1])
 
 
 def _backward_fake(dy, x, act, weight, saved, need_x, need_act, need_weight):
@@ -469,6 +482,7 @@ def register_fakes() -> None:
     after the library is loaded (its TORCH_LIBRARY blocks define their schemas)."""
     torch.library.register_fake(f"{EXTENSION_NAME}::forward")(_forward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::backward")(_backward_fake)
+    torch.library.register_fake(f"{EXTENSION_NAME}::linear")(_linear_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_forward")(_sparse_forward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_backward")(_sparse_backward_fake)
 

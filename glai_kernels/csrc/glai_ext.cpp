@@ -3,6 +3,8 @@
 //   glai_ext::forward(x [B, I], act [B, P], weight [O, I, P], save) -> (y [B, O], saved)
 //   glai_ext::backward(dy, x, act, weight, saved, need_x, need_act, need_weight)
 //       -> (dx [B, I], dact [B, P], dweight [O, I, P]), each empty [0] when not needed
+//   glai_ext::linear(x [B, I], weight_t [I, N], bias [N]?, gates) -> [B, N]: a frozen layer
+//       (x weight_t + bias, or its 0/1 gates when `gates`), float32/float64, CPU only
 //   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
 //   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
@@ -23,6 +25,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cstdint>
 #include <chrono>
 #include <string>
@@ -280,6 +283,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   return {result(dx), result(dact), result(dw)};
 }
 
+// glai_ext::linear: a frozen layer, out [B, N] = x weight_t + bias, or its 0/1 gates
+// [out > 0] when `gates` (the path selector's layer); float32 and float64.
+at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in,
+                      const std::optional<at::Tensor>& bias_in, bool gates) {
+  TORCH_CHECK(x_in.dim() == 2, "glai_ext::linear: x must be [B, I], got ", x_in.sizes());
+  TORCH_CHECK(w_in.dim() == 2 && w_in.size(0) == x_in.size(1),
+              "glai_ext::linear: weight_t must be [I = ", x_in.size(1), ", N], got ",
+              w_in.sizes());
+  const auto t = x_in.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble,
+              "glai_ext::linear: x must be float32 or float64, got ", t);
+  TORCH_CHECK(w_in.scalar_type() == t && w_in.device() == x_in.device(),
+              "glai_ext::linear: weight_t must match x's dtype and device");
+  const int64_t n = w_in.size(1);
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) {
+    bias = bias_in->contiguous();
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == n, "glai_ext::linear: bias must be [", n,
+                "], got ", bias.sizes());
+    TORCH_CHECK(bias.scalar_type() == t && bias.device() == x_in.device(),
+                "glai_ext::linear: bias must match x's dtype and device");
+  }
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const Sizes s{x.size(0), x.size(1), n, 1};
+  if (s.batch == 0 || s.paths == 0 || s.inputs == 0) {  // an empty sum is zero
+    at::Tensor pre = at::zeros({s.batch, n}, x.options());
+    if (bias.defined()) pre.add_(bias);
+    return gates ? pre.gt(0).to(t) : pre;
+  }
+  at::Tensor out = at::empty({s.batch, n}, x.options());
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const glai_cpu::Problem<T> p{x.const_data_ptr<T>(), nullptr, w.const_data_ptr<T>(),
+                                 s.batch, s.inputs, s.paths, s.outputs,
+                                 static_cast<int64_t>(at::get_num_threads()), run_parallel};
+    return glai_cpu::kernels<T>().linear(p, bias.defined() ? bias.const_data_ptr<T>() : nullptr,
+                                         out.mutable_data_ptr<T>(), gates);
+  };
+  const int status = t == at::kDouble ? run(double{}) : run(float{});
+  TORCH_CHECK(status == 0, "glai_ext: out of memory for the CPU kernels' scratch buffers");
+  return out;
+}
+
 std::string cpu_isa(const std::string& name) {
   if (!name.empty()) {
     TORCH_CHECK(glai_cpu::select_isa(name.c_str()), "glai_ext: CPU instruction set '", name,
@@ -327,6 +373,7 @@ TORCH_LIBRARY(glai_ext, m) {
   m.def(
       "backward(Tensor dy, Tensor x, Tensor act, Tensor weight, Tensor saved, bool need_x, "
       "bool need_act, bool need_weight) -> (Tensor, Tensor, Tensor)");
+  m.def("linear(Tensor x, Tensor weight_t, Tensor? bias, bool gates) -> Tensor");
   m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
   m.def("parallel_threads(int tasks) -> int", &parallel_threads);
   m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
@@ -335,6 +382,7 @@ TORCH_LIBRARY(glai_ext, m) {
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("forward", &forward_cpu);
   m.impl("backward", &backward_cpu);
+  m.impl("linear", &linear_cpu);
 }
 
 }  // namespace glai_ext

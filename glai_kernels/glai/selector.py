@@ -10,6 +10,14 @@ hidden bias); one starting at layer l >= 2 carries only the constant-1 input, i.
 layer l (docs/ARCHITECTURE.md §4.3). `units[l, s] == n_l` marks "no unit on this layer" (before
 the start).
 With one hidden layer and every unit kept, act is just g_1.
+
+The frozen layers' GEMMs run on the extension's `glai_ext::linear` (float32/float64 on CPU,
+outside torch.compile, when the extension is available: the same rule as the `auto` backend,
+building it on first need), else on `F.linear`. At the paper's batch sizes MKL's sgemm reaches
+a third of this CPU's FMA peak and the extension about 2x that (bench/NOTES.md, "The
+selector's GEMM"). `PathSelector.gemm = "torch"` forces F.linear. The two sum in different
+orders, so a pre-activation within rounding of 0 may gate differently; the path weights see
+such a unit's contribution only as ~its pre-activation (≈ 0) either way.
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glai_kernels import extension
 from glai_kernels.glai.mlp import MLPLayers
+
+GEMMS = ("auto", "cpp", "torch")
 
 
 def all_paths(hidden: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,27 +112,90 @@ class PathSelector(nn.Module):
         """P, the number of path columns."""
         return self.units.shape[1]
 
+    gemm = "auto"  # "auto" | "cpp" | "torch": what runs the frozen layers (module docstring)
+
     def gates(self, x: torch.Tensor) -> list[torch.Tensor]:
         """0/1 gates [B, n_l] of every hidden layer, in x's dtype (no dropout).
 
-        The pre-activations are computed with the same F.linear calls as the MLP's forward,
-        so the pattern is the MLP's own, bit for bit.
+        With `gemm="torch"` the pre-activations come from the same F.linear calls as the
+        MLP's forward, so the pattern is the MLP's own, bit for bit; the extension's GEMM
+        sums in another order (module docstring).
         """
         out = []
-        h = x
+        h = x.detach()  # the gates are piecewise constant: no gradient flows through them
         buffers = self._buffers  # nn.Module.__getattr__ costs ≈ 1 µs a read, per step
         last = self.hidden_layers - 1
+        fast = self._use_extension(h)
         for k in range(last + 1):
-            pre = F.linear(h, buffers[f"weight{k}"], buffers[f"bias{k}"])
+            weight, bias = buffers[f"weight{k}"], buffers[f"bias{k}"]
+            if fast:
+                transposed = self._transposed(k, weight)
+                if k == last:  # the compare fused into the GEMM's store
+                    out.append(extension.run_linear(h, transposed, bias, True))
+                    break
+                pre = extension.run_linear(h, transposed, bias, False)
+            else:
+                pre = F.linear(h, weight, bias)
             out.append((pre > 0).to(x.dtype))
             if k < last:  # the last layer's ReLU feeds nothing here
                 h = torch.relu(pre)
         return out
 
+    def _use_extension(self, x: torch.Tensor) -> bool:
+        gemm = self.gemm
+        if gemm not in GEMMS:
+            raise ValueError(f"PathSelector.gemm must be one of {GEMMS}, got {gemm!r}")
+        if gemm == "torch" or torch.compiler.is_compiling():
+            return False
+        usable = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+                  and self._buffers["weight0"].dtype == x.dtype)
+        if gemm == "cpp":
+            if not usable:
+                raise ValueError(f"PathSelector.gemm='cpp' runs float32/float64 on CPU, got "
+                                 f"x {x.dtype} on {x.device}")
+            why = extension.cpu_availability("cpu")
+            if why is not None:
+                raise RuntimeError(f"PathSelector.gemm='cpp': {why}")
+            return True
+        return usable and extension.cpu_availability("cpu") is None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_derived_cache", None)  # derived from the buffers: not worth pickling
+        return state
+
+    def _derived(self, name: object, sources: tuple, make):
+        """make(*sources), kept while each source is the same tensor at the same version
+        (load_state_dict copies into the buffers in place: their versions move)."""
+        cache = self.__dict__.setdefault("_derived_cache", {})
+        kept = cache.get(name)
+        versions = tuple(-1 if t is None else t._version for t in sources)
+        # the entry holds the sources themselves, so their ids cannot be reused while compared
+        if kept is None or kept[1] != versions or any(
+                a is not b for a, b in zip(kept[0], sources, strict=True)):
+            kept = (sources, versions, make(*sources))
+            cache[name] = kept
+        return kept[2]
+
+    def _transposed(self, k: int, weight: torch.Tensor) -> torch.Tensor:
+        """weight{k}^T [n_k, n_{k+1}], contiguous."""
+        return self._derived(k, (weight,), lambda w: w.t().contiguous())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, n0] -> act [B, P], 0/1 (or dropout-scaled in training mode)."""
         if x.dim() != 2 or x.shape[1] != self.widths[0]:
             raise ValueError(f"x must be [B, {self.widths[0]}], got {list(x.shape)}")
+        buffers = self._buffers
+        if (self.hidden_layers == 1 and not (self.training and self.dropout[0] > 0)
+                and self._use_extension(x)):
+            # act[:, s] is unit units[0, s]'s gate: the column selection folded into the GEMM
+            # (each column sums in the same order wherever it sits: the same bits as
+            # selecting from every unit's gates)
+            weight, bias = self._derived(
+                "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),
+                lambda w, b, u: (w.index_select(0, u[0]).t().contiguous(),
+                                 None if b is None else b.index_select(0, u[0])))
+            return extension.run_linear(x.detach(), weight, bias, True)
         gates = self.gates(x)
         if self.training:
             gates = [F.dropout(g, p, training=True) if p > 0 else g

@@ -89,8 +89,9 @@ struct Isa {
 
 #define GLAI_ISA_ENTRY(ns, supported_fn)                                    \
   Isa {                                                                     \
-    #ns, supported_fn, {&ns::forward<float>, &ns::backward<float>}, {       \
-      &ns::forward<double>, &ns::backward<double>                           \
+    #ns, supported_fn,                                                      \
+        {&ns::forward<float>, &ns::backward<float>, &ns::linear<float>}, {  \
+      &ns::forward<double>, &ns::backward<double>, &ns::linear<double>      \
     }                                                                       \
   }
 

@@ -34,6 +34,9 @@ struct Kernels {
   // Writes each gradient whose pointer is not null: dx [B, I], dact [B, P], dweight [O, I, P].
   // z is the forward's saved [B, O, P] or null (then dact is recomputed).
   int (*backward)(const Problem<T>& p, const T* dy, const T* z, T* dx, T* dact, T* dweight);
+  // out [B, P] = bias + x weight[0] for a one-output problem (act unused, bias [P] or null),
+  // or its 0/1 gates [> 0] when `gates`: a frozen layer (the path selector's).
+  int (*linear)(const Problem<T>& p, const T* bias, T* out, bool gates);
 };
 
 template <typename T>
