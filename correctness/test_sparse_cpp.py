@@ -141,6 +141,33 @@ def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths)
     torch.testing.assert_close(plain.double(), exact, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("batch", [16, 50], ids=["1-vector", "4-vectors"])
+def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(built, batch):
+    """Groups of ~100 entries: at 2-5 vectors (float32, AVX-512) rounds of 16 entries reduce
+    their lanes at once, then 4s, then a partial 4; at one vector all by 4s. Against the
+    float64 oracle, and bit for bit against the general form at 6 vectors (the same tree of
+    lane sums), run on the same rows with zero dy in the padding rows."""
+    x, act, values, index, dy = _problem(batch, 200, 5, 3, 0.5, seed=batch)
+    assert values.numel() >= 60 * len(index[2])
+    needs = [False, False, True]
+    dv = torch.ops.glai_ext.sparse_backward(dy, x, act, values, index, x.new_empty(0), needs)[2]
+
+    def dense(v):  # [K] in the layout's order -> [O, I, P], zero where no path was kept
+        sw = from_dense(torch.zeros(3, 200, 5), torch.zeros(3, 200, 5, dtype=torch.bool))
+        sw.load_state_dict({"values": v, **dict(zip(KeptIndex._fields, index, strict=True))})
+        return sw.to_dense()
+
+    kept = dense(torch.ones_like(values)).bool()
+    exact = torch.einsum("bi,bs,bo->ois", x.double(), act.double(), dy.double()) * kept
+    torch.testing.assert_close(dense(dv).double(), exact, rtol=1e-4, atol=1e-4)
+    wide = 96  # 6 vectors of 16 lanes: the general form
+    pad = wide - batch
+    wide_dv = torch.ops.glai_ext.sparse_backward(
+        torch.cat([dy, dy.new_zeros(pad, 3)]), torch.cat([x, x.new_ones(pad, 200)]),
+        torch.cat([act, act.new_ones(pad, 5)]), values, index, x.new_empty(0), needs)[2]
+    assert torch.equal(dv, wide_dv)
+
+
 def test_half_inputs_keep_zg_in_float32(built):
     x, act, values, index, _ = _problem(6, 8, 5, 3, 0.5, dtype=torch.bfloat16)
     y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
