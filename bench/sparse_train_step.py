@@ -3,7 +3,7 @@ per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP
 NOTES.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
 (issue 13 target), second pass", have predictions and results).
 
-    python -m bench.sparse_train_step [--heads A1 ... C2] [--threads 1] [--repeats 7]
+    python -m bench.sparse_train_step [--heads A1 ... C2] [--threads 1 [2]] [--repeats 7]
 
 Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
   MLP step   the original MLP (n0 -> n1 -> n2, no dropout): forward, a squared-error loss,
@@ -20,7 +20,9 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
 Each sample is the mean of enough steps to last ≥ 20 ms; the two steps are interleaved and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
 with more than one thread it leaves out the other threads' work: read the wall clock then)
-and on the wall clock.
+and on the wall clock. With several thread counts (`--threads 1 2`) the counts take turns
+inside each repeat too, and a last line per head compares each step at its own best thread
+count (wall clock): what a user who picks the thread count per model gets.
 """
 
 from __future__ import annotations
@@ -95,33 +97,46 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS))
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--backend", default="cpp")
     parser.add_argument("--batch", type=int,
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), sparse backend "
-          f"{args.backend}, min over {args.repeats} interleaved repeats; GLAI (autograd) and "
-          f"GLAI fused step / MLP step")
+    print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
+          f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
+          f"(autograd) and GLAI fused step / MLP step")
+    clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
     for name in args.heads:
         steps, what = head_steps(name, args.backend, args.batch)
-        clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
-        best = {(model, c): float("inf") for model in steps for c in clocks}
-        for step in steps.values():
-            step()  # warm up: extension, optimizer state
+        best = {(model, n, c): float("inf")
+                for model in steps for n in args.threads for c in clocks}
+        for n in args.threads:
+            torch.set_num_threads(n)
+            for step in steps.values():
+                step()  # warm up: extension, optimizer state, the thread pools
         for _ in range(args.repeats):
-            for c, clock in clocks.items():
-                for model, step in steps.items():
-                    best[model, c] = min(best[model, c], _mean_step(step, clock))
-        cells = "  ".join(
-            f"{c}: MLP {1e3 * best['MLP', c]:.3f} ms, GLAI {1e3 * best['GLAI', c]:.3f} ms "
-            f"({best['GLAI', c] / best['MLP', c]:.2f}x), fused "
-            f"{1e3 * best['GLAI fused', c]:.3f} ms ({best['GLAI fused', c] / best['MLP', c]:.2f}x)"
-            for c in clocks)
-        print(f"{name} ({what})  {cells}", flush=True)
+            for n in args.threads:
+                torch.set_num_threads(n)
+                for c, clock in clocks.items():
+                    for model, step in steps.items():
+                        best[model, n, c] = min(best[model, n, c], _mean_step(step, clock))
+        for n in args.threads:
+            cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps}) for c in clocks)
+            print(f"{name} ({what}, {n} thread{'s' if n > 1 else ''})  {cells}", flush=True)
+        if len(args.threads) > 1:
+            wall = {m: min((best[m, n, "wall"], n) for n in args.threads) for m in steps}
+            print(f"{name} each at its best thread count, wall: MLP {1e3 * wall['MLP'][0]:.3f} "
+                  f"ms ({wall['MLP'][1]}), GLAI fused {1e3 * wall['GLAI fused'][0]:.3f} ms "
+                  f"({wall['GLAI fused'][1]}): "
+                  f"{wall['GLAI fused'][0] / wall['MLP'][0]:.2f}x", flush=True)
+
+
+def _cells(clock: str, best: dict[str, float]) -> str:
+    mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
+    return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "
+            f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x)")
 
 
 if __name__ == "__main__":
