@@ -55,6 +55,15 @@ def deterministic():
     torch.use_deterministic_algorithms(previous)
 
 
+@pytest.fixture(scope="module")
+def built() -> extension.Build:
+    """The glai_ext extension, built or loaded (skipped where it cannot be)."""
+    result = extension.build()
+    if result.error is not None:
+        pytest.skip(f"the extension is unavailable here: {result.error}")
+    return result
+
+
 @pytest.fixture(params=["avx512", "avx2", "portable"])
 def isa(request):
     """Each instruction set of the cpp kernels in turn (skipped where this CPU or the

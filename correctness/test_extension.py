@@ -29,14 +29,6 @@ from reference.tolerance import worst_error
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def built() -> extension.Build:
-    result = extension.build()
-    if result.error is not None:
-        pytest.skip(f"the extension is unavailable here: {result.error}")
-    return result
-
-
 def _run_python(code: str, env_update: dict[str, str], timeout: float = 300) -> str:
     """Run `code` in a fresh interpreter from the repository root; its stdout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env_update}

@@ -15,14 +15,6 @@ from glai_kernels.glai import from_mlp
 from reference import tolerance
 
 
-@pytest.fixture(scope="module")
-def built() -> extension.Build:
-    result = extension.build()
-    if result.error is not None:
-        pytest.skip(f"the extension is unavailable here: {result.error}")
-    return result
-
-
 def _layer(batch: int, inputs: int, outputs: int, dtype: torch.dtype, seed: int):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, inputs, generator=gen, dtype=dtype)
