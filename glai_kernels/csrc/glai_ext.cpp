@@ -25,9 +25,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
