@@ -122,16 +122,37 @@ def test_both_forward_forms_agree(built, inputs):
     torch.testing.assert_close(plain, saving)
 
 
-@pytest.mark.parametrize(("batch", "inputs", "paths"),
-                         [(40, 300, 6), (50, 300, 6), (70, 300, 6), (50, 100, 1100)],
-                         ids=["3-vectors", "4-vectors", "5-vectors", "over-1024-groups"])
-def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths):
-    """y alone at 3-5 vectors of lanes with x^T over 24 KB walks the inputs in blocks (a
-    cursor per group; an output with more than 1024 groups falls back to the unblocked form):
-    the same y as the saving forward, and as the float64 oracle."""
+def _banded(x, act, values, index, inputs, paths, outputs=2):
+    """The same problem with each path's kept inputs cut to a band: path s keeps only inputs
+    in [s·I/P, (s+2)·I/P), so some groups' runs are all in the first input block, some all
+    in the last, and most blocks find most groups empty or already exhausted."""
+    shape = (outputs, inputs, paths)
+    sw = from_dense(torch.zeros(shape), torch.zeros(shape, dtype=torch.bool))
+    sw.load_state_dict({"values": values, **dict(zip(KeptIndex._fields, index, strict=True))})
+    dense = sw.to_dense()
+    lo = torch.arange(paths) * inputs // paths
+    rows = torch.arange(inputs)[:, None]
+    band = (rows >= lo) & (rows < lo + 2 * inputs // paths)  # [I, P]
+    mask = (dense != 0) & band
+    banded = from_dense(dense * mask, mask)
+    return x, act, banded.values.detach(), list(banded.index)
+
+
+@pytest.mark.parametrize(("batch", "inputs", "paths", "banded"),
+                         [(40, 300, 6, False), (50, 300, 6, False), (70, 300, 6, False),
+                          (50, 600, 12, True), (50, 150, 1100, False)],
+                         ids=["3-vectors", "4-vectors", "5-vectors", "4-vectors-banded",
+                              "over-1024-groups"])
+def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths, banded):
+    """y alone at 3-5 vectors of lanes with x^T over 32 KB walks the inputs in blocks (a
+    cursor per non-empty group, each run's end found by its own loop; an output with more
+    than 1024 groups falls back to the unblocked form): the same y as the saving forward,
+    and as the float64 oracle."""
     x, act, values, index, _ = _problem(batch, inputs, paths, 2, 0.5, seed=inputs + paths)
+    if banded:
+        x, act, values, index = _banded(x, act, values, index, inputs, paths)
     ld = sparse_cpp.padded_batch(batch)  # x^T is [I, ld]
-    assert inputs * ld * 4 > 24 * 1024 and values.numel() >= 16 * len(index[2])
+    assert inputs * ld * 4 > 32 * 1024 and values.numel() >= 16 * len(index[2])
     plain, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, False)
     saving, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
     torch.testing.assert_close(plain, saving)
@@ -141,19 +162,27 @@ def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths)
     torch.testing.assert_close(plain.double(), exact, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("batch", [16, 50], ids=["1-vector", "4-vectors"])
-def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(built, batch):
+@pytest.mark.parametrize(("batch", "inputs", "banded"),
+                         [(16, 200, False), (50, 200, False), (32, 600, True), (50, 600, True)],
+                         ids=["1-vector", "4-vectors", "2-vectors-banded", "4-vectors-banded"])
+def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(
+        built, batch, inputs, banded):
     """Groups of ~100 entries: at 2-5 vectors (float32, AVX-512) rounds of 16 entries reduce
-    their lanes at once, then 4s, then a partial 4; at one vector all by 4s. Against the
-    float64 oracle, and bit for bit against the general form at 6 vectors (the same tree of
-    lane sums), run on the same rows with zero dy in the padding rows."""
-    x, act, values, index, dy = _problem(batch, 200, 5, 3, 0.5, seed=batch)
+    their lanes at once, then 4s, then a partial 4; at one vector all by 4s; at 2-5 vectors
+    with x^T over 32 KB the inputs run in blocks (banded: most groups' runs empty or all in
+    one block). Against the float64 oracle, and bit for bit against the general form at 6
+    vectors (the same tree of lane sums), run on the same rows with zero dy in the padding
+    rows."""
+    x, act, values, index, dy = _problem(batch, inputs, 5, 3, 0.9 if banded else 0.5,
+                                         seed=batch)
+    if banded:
+        x, act, values, index = _banded(x, act, values, index, inputs, 5, outputs=3)
     assert values.numel() >= 60 * len(index[2])
     needs = [False, False, True]
     dv = torch.ops.glai_ext.sparse_backward(dy, x, act, values, index, x.new_empty(0), needs)[2]
 
     def dense(v):  # [K] in the layout's order -> [O, I, P], zero where no path was kept
-        sw = from_dense(torch.zeros(3, 200, 5), torch.zeros(3, 200, 5, dtype=torch.bool))
+        sw = from_dense(torch.zeros(3, inputs, 5), torch.zeros(3, inputs, 5, dtype=torch.bool))
         sw.load_state_dict({"values": v, **dict(zip(KeptIndex._fields, index, strict=True))})
         return sw.to_dense()
 
@@ -163,7 +192,7 @@ def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(
     wide = 96  # 6 vectors of 16 lanes: the general form
     pad = wide - batch
     wide_dv = torch.ops.glai_ext.sparse_backward(
-        torch.cat([dy, dy.new_zeros(pad, 3)]), torch.cat([x, x.new_ones(pad, 200)]),
+        torch.cat([dy, dy.new_zeros(pad, 3)]), torch.cat([x, x.new_ones(pad, inputs)]),
         torch.cat([act, act.new_ones(pad, 5)]), values, index, x.new_empty(0), needs)[2]
     assert torch.equal(dv, wide_dv)
 

@@ -21,8 +21,9 @@ costs B·G instead of recomputing the group sums. Without Zg and with small grou
 y^T[o] = sum_k (v_k act^T[s_k]) x^T[i_k]. Every index is range-checked (the inputs the hot loops
 read by one vectorised pass per output or chunk of groups inside the kernel, the groups'
 (o, s) per call, the rest per use): a corrupt index raises, it never reads or writes outside
-its tensors. When B fits one or two vectors (B = 16 and 32 with AVX-512) the forward and
-dvalues run specialised loops with the same bits. `torch.ops.glai_ext.sparse_min_work(n)`
+its tensors. When B fits one to five vectors (B <= 80 with AVX-512) the forward and dvalues
+run specialised loops; at two to five vectors, with x^T over 32 KB and long enough runs, they
+walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per block). `torch.ops.glai_ext.sparse_min_work(n)`
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
