@@ -14,9 +14,12 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              the reduced MLP's first layer + ReLU gates, then the sparse estimator), the same
              loss, backward (gradients to the kept values and the bias only: x is data and the
              selector is frozen), Adam step over K values (fused where torch has it), zero_grad.
-  GLAI fused the same step by `glai_kernels.glai.fused_step.FusedSparseStep` (the same
-             arithmetic bit for bit, without autograd over the estimator or torch.optim's
-             wrapper; what `fit` and the pipeline run), on a copy of the same head.
+  GLAI fused the same step by `glai_kernels.glai.fused_step.FusedSparseStep` (without
+             autograd over the estimator or torch.optim's wrapper, the values' Adam update
+             inside the dvalues kernel; what `fit` and the pipeline run), on a copy of the
+             same head.
+  GLAI fused, torch Adam   the same with `kernel_adam=False` (torch's `_fused_adam_`: the
+             ordinary step's arithmetic bit for bit), on another copy.
 Each sample is the mean of enough steps to last ≥ 20 ms; the two steps are interleaved and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
 with more than one thread it leaves out the other threads' work: read the wall clock then)
@@ -62,15 +65,15 @@ def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.
 
 
 def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                   target: torch.Tensor) -> Callable[[], None]:
-    stepper = FusedSparseStep(head, optimizer)
+                   target: torch.Tensor, kernel_adam: bool = True) -> Callable[[], None]:
+    stepper = FusedSparseStep(head, optimizer, kernel_adam=kernel_adam)
     return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
 
 
 def head_steps(name: str, backend: str = "cpp", batch: int | None = None
                ) -> tuple[dict[str, Callable[[], None]], str]:
-    """({"MLP": step, "GLAI": step, "GLAI fused": step}, a description) for paper head
-    `name`."""
+    """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step}, a
+    description) for paper head `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
     torch.manual_seed(0)
     original = make_mlp((spec.n0, spec.n1, spec.n2))
@@ -79,7 +82,7 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None
     head.backend = backend
     batch = batch or settings.batch_size
     x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
-    fused = copy.deepcopy(head)
+    fused, fused_torch = copy.deepcopy(head), copy.deepcopy(head)
 
     def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
         return make_optimizer("adam", [p for p in model.parameters() if p.requires_grad],
@@ -90,6 +93,8 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None
                         x, target),
         "GLAI": _stepper(head, adam(head), x, target),
         "GLAI fused": _fused_stepper(fused, adam(fused), x, target),
+        "GLAI fused, torch Adam": _fused_stepper(fused_torch, adam(fused_torch), x, target,
+                                                 kernel_adam=False),
     }
     return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
 
@@ -106,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
-          f"(autograd) and GLAI fused step / MLP step")
+          f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step")
     clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
     for name in args.heads:
         steps, what = head_steps(name, args.backend, args.batch)
@@ -135,8 +140,10 @@ def main() -> None:
 
 def _cells(clock: str, best: dict[str, float]) -> str:
     mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
+    torch_adam = best["GLAI fused, torch Adam"]
     return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "
-            f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x)")
+            f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x), fused with torch's Adam "
+            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""The fused sparse training step (glai_kernels/glai/fused_step.py) is the ordinary autograd +
-torch.optim step, bit for bit: the same kept values, bias, optimizer state and step count
-after several steps, for Adam and AdamW, with and without the selector's dropout, for a
-cross-entropy loss, a two-view InfoNCE loss and a loss over two calls; it shares the
-optimizer's state with `optimizer.step()`; and it refuses what it does not implement."""
+"""The fused sparse training step (glai_kernels/glai/fused_step.py) with torch's update
+(`kernel_adam=False`) is the ordinary autograd + torch.optim step, bit for bit: the same kept
+values, bias, optimizer state and step count after several steps, for Adam and AdamW, with and
+without the selector's dropout, for a cross-entropy loss, a two-view InfoNCE loss and a loss
+over two calls; it shares the optimizer's state with `optimizer.step()`; and it refuses what it
+does not implement. With the update inside the dvalues kernel (the default) it is the same
+step to rounding (correctness/test_kernel_adam.py)."""
 
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def test_fused_step_is_the_ordinary_step_bit_for_bit(backend, loss, kind, dropou
     fused = copy.deepcopy(ordinary)
     opt_o = OPTIMIZERS[kind](ordinary.parameters())
     opt_f = OPTIMIZERS[kind](fused.parameters())
-    stepper = FusedSparseStep(fused, opt_f)
+    stepper = FusedSparseStep(fused, opt_f, kernel_adam=False)
     for step, (x, t) in enumerate(batches(dtype)):
         torch.manual_seed(100 + step)  # the same dropout draws in both
         opt_o.zero_grad(set_to_none=True)
@@ -100,7 +102,7 @@ def test_the_optimizer_state_is_shared_with_optimizer_step():
     mixed = copy.deepcopy(ordinary)
     opt_o = OPTIMIZERS["adamw"](ordinary.parameters())
     opt_m = OPTIMIZERS["adamw"](mixed.parameters())
-    stepper = FusedSparseStep(mixed, opt_m)
+    stepper = FusedSparseStep(mixed, opt_m, kernel_adam=False)
     for step, (x, t) in enumerate(batches(dtype)):
         opt_o.zero_grad(set_to_none=True)
         F.cross_entropy(ordinary(x), t).backward()
@@ -129,7 +131,7 @@ def test_the_step_follows_an_index_replaced_under_it():
     fused = copy.deepcopy(ordinary)
     opt_o = OPTIMIZERS["adam"](ordinary.parameters())
     opt_f = OPTIMIZERS["adam"](fused.parameters())
-    stepper = FusedSparseStep(fused, opt_f)
+    stepper = FusedSparseStep(fused, opt_f, kernel_adam=False)
     for step, (x, t) in enumerate(batches(dtype)):
         if step == 1:
             for head in (ordinary, fused):
@@ -195,5 +197,7 @@ def test_fit_takes_the_fused_step_and_trains_the_same():
         results[fused] = fit(head, task, optimizer, max_epochs=4,
                              early=EarlyStopping(2, 0.1), seed=3, fused_step=fused)
     assert results[True].fused_step and not results[False].fused_step
-    assert results[True].scores == results[False].scores
-    assert torch.equal(heads[True].sparse_weight.values, heads[False].sparse_weight.values)
+    # the fused step updates the values inside the dvalues kernel: the same Adam to rounding
+    assert results[True].scores == pytest.approx(results[False].scores, rel=1e-4)
+    torch.testing.assert_close(heads[True].sparse_weight.values,
+                               heads[False].sparse_weight.values, rtol=1e-4, atol=1e-6)

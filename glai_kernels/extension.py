@@ -57,8 +57,11 @@ _BUILT_MARKER = "built.ok"
 _FAILED_MARKER = "failed.json"  # a failed build's error and toolchain: retried when it changes
 _LOG = "build.log"
 
-# -ffp-contract=fast lets the vector-extension kernels use FMA (ISO C++ mode turns it off).
-CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-Wall", "-Wno-unknown-pragmas")
+# -ffp-contract=fast lets the vector-extension kernels use FMA (ISO C++ mode turns it off);
+# -fno-math-errno lets a square root of vector lanes compile to one vector instruction instead
+# of a scalar call per lane that may set errno (the sparse Adam update; nothing reads errno).
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno", "-Wall",
+          "-Wno-unknown-pragmas")
 # -fopenmp links libgomp.so.1 by soname; torch has already loaded its own libgomp.so.1, so the
 # loader reuses it and torch.set_num_threads governs the kernels' threads (tested).
 LDFLAGS = ("-fopenmp",)
@@ -476,6 +479,11 @@ def _sparse_backward_fake(dy, x, act, values, index, saved, needs):
                  for t, need in zip((x, act, values), needs, strict=True))
 
 
+def _sparse_dvalues_adam_fake(dy, x, act, values, index, exp_avg, exp_avg_sq, lr, beta1, beta2,
+                              weight_decay, eps, step, decoupled):
+    return None  # updates values, exp_avg and exp_avg_sq in place
+
+
 @functools.cache
 def register_fakes() -> None:
     """Register the fakes of the glai_ext ops that take tensors (dense and sparse), once,
@@ -485,6 +493,8 @@ def register_fakes() -> None:
     torch.library.register_fake(f"{EXTENSION_NAME}::linear")(_linear_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_forward")(_sparse_forward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_backward")(_sparse_backward_fake)
+    torch.library.register_fake(f"{EXTENSION_NAME}::sparse_dvalues_adam")(
+        _sparse_dvalues_adam_fake)
 
 
 def cpu_availability(device_type: str) -> str | None:

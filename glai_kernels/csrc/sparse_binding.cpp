@@ -3,6 +3,9 @@
 //   glai_ext::sparse_forward(x [B, I], act [B, P], values [K], index, save) -> (y [B, O], zg)
 //   glai_ext::sparse_backward(dy [B, O], x, act, values, index, saved, needs [3])
 //       -> (dx [B, I], dact [B, P], dvalues [K]), each empty [0] when not needed
+//   glai_ext::sparse_dvalues_adam(dy, x, act, values!, index, exp_avg!, exp_avg_sq!, lr, beta1,
+//       beta2, weight_decay, eps, step, decoupled) -> (): dvalues and one Adam / AdamW update
+//       of values and its moments in place, chunk by chunk of groups (float32/float64)
 //   glai_ext::sparse_min_work(work=-1) -> the multiply-adds per thread below which the sparse
 //       kernels use fewer threads (work >= 0 sets it; returns the value before)
 //
@@ -25,7 +28,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/sparse_kernels.h"
@@ -334,6 +339,117 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu_needs(
                              needs.get(2));
 }
 
+// dvalues then Adam over groups of about this many entries at a time, so that each chunk's
+// gradient, values and moments are still in L1/L2 when the update reads them (a separate
+// optimizer pass re-reads all four arrays from L3: bench/NOTES.md, "Adam inside dvalues").
+constexpr int64_t kAdamChunk = 4096;
+
+template <typename T>
+bool dvalues_adam_typed(const Sizes& s, const at::Tensor& dy, const at::Tensor& x,
+                        const at::Tensor& act, at::Tensor& values,
+                        const std::vector<at::Tensor>& index, at::Tensor& exp_avg,
+                        at::Tensor& exp_avg_sq, const glai_cpu::sparse::AdamStep<T>& a) {
+  const at::Tensor xt = transposed(x, s), actt = transposed(act, s), dyt = transposed(dy, s);
+  const auto p = problem<T>(s, xt, actt, dyt, values, index);
+  const auto& k = glai_cpu::sparse::kernels<T>();
+  T* w = values.mutable_data_ptr<T>();
+  T* m = exp_avg.mutable_data_ptr<T>();
+  T* v = exp_avg_sq.mutable_data_ptr<T>();
+  const int32_t* ptr = p.group_ptr;
+  return run_items(s.groups, s.ld * (s.nnz + s.groups), [&](int64_t b, int64_t e) {
+    // one chunk's gradient at a time, never all of dv [K]: a [K] tensor per step cost a
+    // fresh allocation (its pages faulted in on first touch) and its write-back to memory
+    std::vector<T> grad;
+    int bad = 0;
+    for (int64_t g0 = b; g0 < e;) {
+      int64_t g1 = g0 + 1;
+      while (g1 < e && ptr[g1 + 1] - ptr[g0] <= kAdamChunk) ++g1;
+      const int64_t k0 = ptr[g0], k1 = ptr[g1];
+      // a chunk whose offsets or inputs are bad is not updated (the op then raises)
+      if (!(0 <= k0 && k0 <= k1 && k1 <= s.nnz)) {
+        bad = 1;
+      } else {
+        if (static_cast<int64_t>(grad.size()) < k1 - k0) grad.resize(k1 - k0);
+        // the kernel writes dv[k] for the chunk's k in [k0, k1): its base is k0 before ours
+        if (k.dvalues(p, grad.data() - k0, g0, g1) != 0)
+          bad = 1;
+        else
+          k.adam(a, w + k0, m + k0, v + k0, grad.data(), k1 - k0);
+      }
+      g0 = g1;
+    }
+    return bad;
+  });
+}
+
+template <typename T>
+glai_cpu::sparse::AdamStep<T> adam_step(double lr, double beta1, double beta2,
+                                        double weight_decay, double eps, double step,
+                                        bool decoupled) {
+  // torch.optim's fused Adam: the scalars in double, rounded to the parameter's dtype
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  return {T(beta1),          T(beta2),
+          T(1 - beta1),      T(1 - beta2),
+          T(weight_decay),   T(eps),
+          T(lr / bias_correction1), T(std::sqrt(bias_correction2)),
+          T(1 - lr * weight_decay), decoupled};
+}
+
+void check_state(const at::Tensor& t, const char* name, const at::Tensor& values) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == values.size(0) && t.scalar_type() ==
+                  values.scalar_type() && t.is_cpu() && t.is_contiguous(),
+              kWho, ": ", name, " must be a contiguous [K] CPU tensor of values' dtype (K = ",
+              values.size(0), ", ", values.scalar_type(), "), got ", t.scalar_type(), " ",
+              t.sizes(), " on ", t.device(), t.is_contiguous() ? "" : " (strided)");
+}
+
+void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
+                             at::Tensor& values, at::TensorList index_list, at::Tensor& exp_avg,
+                             at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                             double weight_decay, double eps, double step, bool decoupled) {
+  const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
+  const Sizes s = check(x, act, values, index);
+  check_dy(dy, x, s);
+  const auto t = values.scalar_type();
+  TORCH_CHECK((t == at::kFloat || t == at::kDouble) && values.is_contiguous(), kWho,
+              ": values must be a contiguous float32 or float64 tensor (it is updated in "
+              "place), got ", t, values.is_contiguous() ? "" : " (strided)");
+  check_state(exp_avg, "exp_avg", values);
+  check_state(exp_avg_sq, "exp_avg_sq", values);
+  TORCH_CHECK(step >= 1, kWho, ": step must be >= 1 (the count after this update), got ", step);
+  TORCH_CHECK(lr >= 0 && eps >= 0 && weight_decay >= 0 && 0 <= beta1 && beta1 < 1 &&
+                  0 <= beta2 && beta2 < 1,
+              kWho, ": need lr, eps, weight_decay >= 0 and betas in [0, 1), got lr=", lr,
+              ", betas=(", beta1, ", ", beta2, "), weight_decay=", weight_decay, ", eps=", eps);
+  if (s.nnz == 0) return;
+  if (s.batch == 0) {
+    // every gradient is an empty sum: the update with g = 0
+    at::Tensor zero = at::zeros({s.nnz}, values.options());
+    auto run = [&](auto* w) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      glai_cpu::sparse::kernels<T>().adam(
+          adam_step<T>(lr, beta1, beta2, weight_decay, eps, step, decoupled), w,
+          exp_avg.mutable_data_ptr<T>(), exp_avg_sq.mutable_data_ptr<T>(),
+          zero.const_data_ptr<T>(), s.nnz);
+    };
+    t == at::kDouble ? run(values.mutable_data_ptr<double>())
+                     : run(values.mutable_data_ptr<float>());
+    return;
+  }
+  const bool bad =
+      t == at::kDouble
+          ? dvalues_adam_typed<double>(s, dy, x, act, values, index, exp_avg, exp_avg_sq,
+                                       adam_step<double>(lr, beta1, beta2, weight_decay, eps,
+                                                         step, decoupled))
+          : dvalues_adam_typed<float>(s, dy, x, act, values, index, exp_avg, exp_avg_sq,
+                                      adam_step<float>(lr, beta1, beta2, weight_decay, eps,
+                                                       step, decoupled));
+  TORCH_CHECK(!bad, "glai_ext::sparse_dvalues_adam: the index is corrupt (an offset or index "
+              "out of range, or offsets that decrease); the groups before the bad one were "
+              "updated. Build it with glai_kernels.sparse.from_dense or from_entries");
+}
+
 int64_t sparse_min_work(int64_t work) {
   return work >= 0 ? g_min_work.exchange(work) : g_min_work.load();
 }
@@ -345,11 +461,15 @@ int64_t sparse_min_work(int64_t work) {
 
 TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
   m.def("sparse_min_work(int work=-1) -> int", &sparse_min_work);
+  m.def("sparse_dvalues_adam(Tensor dy, Tensor x, Tensor act, Tensor(a!) values, Tensor[] index,"
+        " Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, float beta1, float beta2,"
+        " float weight_decay, float eps, float step, bool decoupled) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_forward", &sparse_forward_cpu);
   m.impl("sparse_backward", &sparse_backward_cpu_needs);
+  m.impl("sparse_dvalues_adam", &sparse_dvalues_adam_cpu);
 }
 
 }  // namespace glai_ext

@@ -1,5 +1,6 @@
 """A sparse GLAIHead's training step without autograd over the estimator or torch.optim's
-Python wrapper: the same arithmetic as the ordinary loop, bit for bit.
+Python wrapper: the ordinary loop's arithmetic, bit for bit with torch's update
+(`kernel_adam=False`), to rounding with the update inside the dvalues kernel (the default).
 
 At the paper's batch size the sparse `cpp` kernels take less time than the machinery around
 them: torch's autograd engine over the estimator's autograd.Function, `Adam.step`'s wrapper
@@ -21,6 +22,16 @@ optimizer's own update runs on the kept values and the bias: `torch._fused_adam_
 `torch._fused_adamw_` with the optimizer's hyper-parameters and its state tensors (created
 as torch.optim creates them), so the stepper and `optimizer.step()` can take turns. With a
 non-fused optimizer the gradients are set and `optimizer.step()` runs.
+
+With the `cpp` backend, float32/float64 values, a fused optimizer and one model call per loss,
+the kept values' update runs inside the dvalues kernel instead (`kernel_adam=True`, the
+default): `glai_ext::sparse_dvalues_adam` computes dvalues for a chunk of groups and applies
+Adam/AdamW to that chunk's values and moments while they are in cache, where `_fused_adam_`
+re-read all four [K] arrays in a pass of its own (bench/NOTES.md, "Adam inside dvalues"). It
+is torch's formula with torch's scalars; the float operations may be contracted differently
+from torch's build, so the values agree with the torch update to within a few units in the
+last place per step, not bit for bit. `kernel_adam=False` keeps torch's own update and with
+it the bit-for-bit equality with the ordinary loop.
 
 After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
 """
@@ -84,11 +95,14 @@ class FusedSparseStep:
         head: a GLAIHead in the sparse layout whose kept values require grad.
         optimizer: torch.optim.Adam or AdamW over exactly the head's trainable parameters,
             without amsgrad, maximize, capturable, differentiable or a grad scaler.
+        kernel_adam: update the kept values inside the `cpp` dvalues kernel where the step
+            allows it (module docstring); False: always torch's `_fused_adam_`.
     Raises:
         ValueError naming the argument when either is not supported.
     """
 
-    def __init__(self, head: GLAIHead, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, head: GLAIHead, optimizer: torch.optim.Optimizer,
+                 kernel_adam: bool = True) -> None:
         why = _refuse_head(head)
         if why is not None:
             raise ValueError(f"FusedSparseStep: {why}")
@@ -96,6 +110,7 @@ class FusedSparseStep:
         if why is not None:
             raise ValueError(f"FusedSparseStep: {why}")
         self.head, self.optimizer = head, optimizer
+        self.kernel_adam = bool(kernel_adam)
         self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype), backend)
         self._cached_plan: _Plan | None = None
 
@@ -169,6 +184,13 @@ class FusedSparseStep:
         grads = torch.autograd.grad(loss, [y for *_, y in calls], allow_unused=True)
         bias, values = plan.bias, plan.values
         train_bias = bias is not None and bias.requires_grad
+        group = self._kernel_adam_group(calls, grads, plan)
+        if group is not None:
+            (x_aug, act, _, _), dy = calls[0], grads[0].contiguous()
+            self._adam_in_kernel(group, dy, x_aug, act, plan)
+            if train_bias:
+                self._update([(bias, _bias_grad(dy))])
+            return loss.detach()
         needs = (False, False, True)
         dvalues = dbias = None
         for (x_aug, act, impl, _), dy in zip(calls, grads, strict=True):
@@ -183,16 +205,35 @@ class FusedSparseStep:
                     values.shape, values.dtype)
             dvalues = dv if dvalues is None else dvalues + dv
             if train_bias:
-                acc = accumulation_dtype(dy.dtype)
-                db = dy.sum(0, dtype=acc)
-                if acc != dy.dtype:
-                    db = db.to(dy.dtype)
+                db = _bias_grad(dy)
                 dbias = db if dbias is None else dbias + db
         if dvalues is None:
             raise ValueError("FusedSparseStep: the loss does not depend on the model's output")
         pairs = [(values, dvalues)] + ([(bias, dbias)] if dbias is not None else [])
         self._update(pairs)
         return loss.detach()
+
+    def _kernel_adam_group(self, calls: list, grads: tuple, plan: _Plan) -> dict | None:
+        """The values' param group when their update can run inside the dvalues kernel."""
+        if not (self.kernel_adam and len(calls) == 1 and grads[0] is not None
+                and calls[0][2].name == "cpp" and plan.nnz > 0
+                and plan.values.dtype in (torch.float32, torch.float64)):
+            return None
+        values = plan.values
+        for group in self.optimizer.param_groups:
+            if any(p is values for p in group["params"]):
+                return group if group.get("fused") else None
+        return None
+
+    def _adam_in_kernel(self, group: dict, dy: torch.Tensor, x_aug: torch.Tensor,
+                        act: torch.Tensor, plan: _Plan) -> None:
+        state = self._state(plan.values)
+        state["step"].add_(1)
+        beta1, beta2 = group["betas"]
+        torch.ops.glai_ext.sparse_dvalues_adam(
+            dy, x_aug, act, plan.values.detach(), list(plan.index), state["exp_avg"],
+            state["exp_avg_sq"], float(group["lr"]), beta1, beta2, group["weight_decay"],
+            group["eps"], float(state["step"]), bool(group.get("decoupled_weight_decay")))
 
     def _update(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         optimizer = self.optimizer
@@ -233,6 +274,13 @@ class FusedSparseStep:
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
+
+
+def _bias_grad(dy: torch.Tensor) -> torch.Tensor:
+    """dbias [O] = dy [B, O] summed over the batch in the accumulation dtype."""
+    acc = accumulation_dtype(dy.dtype)
+    db = dy.sum(0, dtype=acc)
+    return db.to(dy.dtype) if acc != dy.dtype else db
 
 
 class _Plan(NamedTuple):

@@ -109,9 +109,10 @@ def fit(
     stop (the automatic structural switch). Wall-clock excludes `after_epoch`.
 
     With `fused_step` (the default), a sparse-layout GLAIHead trained by Adam/AdamW takes
-    `FusedSparseStep`'s steps (the ordinary step's arithmetic, bit for bit, without autograd
-    over the estimator or torch.optim's wrapper); anything else, or `fused_step=False`, takes
-    the ordinary zero_grad / backward / step."""
+    `FusedSparseStep`'s steps (the ordinary step without autograd over the estimator or
+    torch.optim's wrapper, the kept values' Adam update inside the `cpp` dvalues kernel: the
+    same arithmetic to rounding); anything else, or `fused_step=False`, takes the ordinary
+    zero_grad / backward / step."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     step = training_step(model, task, optimizer, fused_step)

@@ -55,7 +55,7 @@ namespace glai_cpu::sparse {
 namespace {
 
 #define GLAI_SPARSE_SET(ns, T) \
-  Kernels<T> { &ns::forward<T>, &ns::dvalues<T>, &ns::dx<T>, &ns::dact<T> }
+  Kernels<T> { &ns::forward<T>, &ns::dvalues<T>, &ns::dx<T>, &ns::dact<T>, &ns::adam<T> }
 
 template <typename T>
 struct Named {

@@ -45,6 +45,18 @@ struct Problem {
   const int32_t* path_groups;    // [G]
 };
 
+// One Adam / AdamW update of n kept values (torch.optim.Adam's formula, without amsgrad or
+// maximize): g = grad (+ weight_decay * value for Adam; AdamW first scales the value by
+// 1 - lr * weight_decay), m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g g,
+// value -= step_size m / (sqrt(v) / bias_correction2_sqrt + eps). The scalars are torch's,
+// computed in double from the step count by the binding and rounded to T.
+template <typename T>
+struct AdamStep {
+  T beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay, eps, step_size,
+      bias_correction2_sqrt, decay_scale;  // decay_scale: AdamW's 1 - lr * weight_decay
+  bool decoupled;                          // AdamW
+};
+
 // Each returns 0, or 1 when it met an index or offset out of range (the results are then
 // meaningless but every access stayed in bounds).
 template <typename T>
@@ -60,6 +72,9 @@ struct Kernels {
   int (*dx)(const Problem<T>& p, T* dx, int64_t begin, int64_t end);
   // Paths [begin, end): dact [B, P], dact[b, s] = sum over s's groups of dy[b, o_g] zg[g, b].
   int (*dact)(const Problem<T>& p, const T* zg, T* dact, int64_t begin, int64_t end);
+  // values, m, v [n] updated in place from their gradient g [n] (every element by the same
+  // vector operations, so its bits do not depend on where a chunk starts).
+  void (*adam)(const AdamStep<T>& a, T* values, T* m, T* v, const T* g, int64_t n);
 };
 
 // Whether every group's output and path is in range: one pass over G, which dx needs first.

@@ -23,7 +23,9 @@ read by one vectorised pass per output or chunk of groups inside the kernel, the
 (o, s) per call, the rest per use): a corrupt index raises, it never reads or writes outside
 its tensors. When B fits one to five vectors (B <= 80 with AVX-512) the forward and dvalues
 run specialised loops; at two to five vectors, with x^T over 32 KB and long enough runs, they
-walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per block). `torch.ops.glai_ext.sparse_min_work(n)`
+walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per block).
+`glai_ext::sparse_dvalues_adam` runs dvalues and an Adam/AdamW update of the values in place,
+chunk by chunk of groups (what FusedSparseStep calls). `torch.ops.glai_ext.sparse_min_work(n)`
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
