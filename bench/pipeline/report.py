@@ -489,8 +489,9 @@ def _readme(frame, t3, wt, meta, has_m) -> str:
         "Section 4.1: SGD for the MLPs (original, reduced, linear), Adam for the estimator "
         "(fused optimizers where torch has them, for every model"
         + ("; a sparse estimator's steps by `glai_kernels.glai.fused_step`, the ordinary "
-           "step's arithmetic bit for bit without autograd over the estimator or "
-           "torch.optim's wrapper" if protocol.get("fused_step") else "")
+           "step without autograd over the estimator or torch.optim's wrapper, Adam's update "
+           "of the kept values inside the `cpp` dvalues kernel (torch's update to rounding)"
+           if protocol.get("fused_step") else "")
         + "); Table 2's LR, batch size "
         "and weight decays; early stopping on validation accuracy (A, C) or InfoNCE loss (B) "
         "with the paper's patience / min delta"
