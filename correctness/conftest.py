@@ -64,6 +64,16 @@ def built() -> extension.Build:
     return result
 
 
+@pytest.fixture
+def parallel_always(built):
+    """Every sparse kernel call split over all of torch's threads, whatever its size."""
+    previous = torch.ops.glai_ext.sparse_min_work(0)
+    threads = torch.get_num_threads()
+    yield
+    torch.ops.glai_ext.sparse_min_work(previous)
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=["avx512", "avx2", "portable"])
 def isa(request):
     """Each instruction set of the cpp kernels in turn (skipped where this CPU or the

@@ -11,22 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fused_step import OPTIMIZERS, batches, sparse_head, state_of
-from test_sparse_cpp import _problem, parallel_always  # noqa: F401  (a fixture)
+from test_sparse_cpp import _problem
 
-from glai_kernels import extension
 from glai_kernels.glai.fused_step import FusedSparseStep
 
 STEPS = 3
 HYPER = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.1, "eps": 1e-8}
 # after STEPS updates: a few units in the last place per operation, amplified by 1/sqrt(v)
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-6}, torch.float64: {"rtol": 1e-12, "atol": 1e-13}}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    error = extension.cpu_availability("cpu")
-    if error is not None:
-        pytest.skip(f"the cpp sparse backend is unavailable here: {error}")
+pytestmark = pytest.mark.usefixtures("built")  # the extension (correctness/conftest.py)
 
 
 def _kernel_steps(problem, decoupled, steps=STEPS):
@@ -82,7 +75,7 @@ def test_a_group_larger_than_a_chunk_and_an_empty_batch():
         torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
-def test_the_thread_count_does_not_change_the_bits(parallel_always):  # noqa: F811
+def test_the_thread_count_does_not_change_the_bits(parallel_always):
     problem = _problem(50, 600, 9, 7, 0.5, seed=2)
     torch.set_num_threads(1)
     one = _kernel_steps(problem, False)

@@ -10,17 +10,9 @@ import pytest
 import torch
 from test_sparse import Case, check_sparse, kept_mask
 
-from glai_kernels import extension
 from glai_kernels.sparse import from_dense
 from glai_kernels.sparse.backends import cpp as sparse_cpp
 from glai_kernels.sparse.layout import KeptIndex
-
-
-@pytest.fixture(scope="module")
-def built() -> None:
-    error = extension.cpu_availability("cpu")
-    if error is not None:
-        pytest.skip(f"the cpp sparse backend is unavailable here: {error}")
 
 
 @pytest.fixture(params=["avx512", "avx2", "portable"])
@@ -34,16 +26,6 @@ def isa(request, built):
         pytest.skip(str(error))
     yield request.param
     torch.ops.glai_ext.cpu_isa(previous)
-
-
-@pytest.fixture
-def parallel_always(built):
-    """Every sparse kernel call split over all of torch's threads, whatever its size."""
-    previous = torch.ops.glai_ext.sparse_min_work(0)
-    threads = torch.get_num_threads()
-    yield
-    torch.ops.glai_ext.sparse_min_work(previous)
-    torch.set_num_threads(threads)
 
 
 def _problem(batch, inputs, paths, outputs, mu, dtype=torch.float32, seed=0, keep=None):
