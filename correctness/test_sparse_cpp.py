@@ -92,6 +92,31 @@ def test_thread_count_does_not_change_the_bits(parallel_always, batch, dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("batch", [16, 50], ids=["1-vector", "4-vectors"])
+def test_dvalues_of_groups_with_every_tail_size_split_over_threads(parallel_always, batch):
+    """Groups of 1-6 entries (every size of a partial last four, and none), split over 1, 2
+    and 7 tasks: the one-vector form stores all four sums of a partial last four and lets
+    the next group overwrite the extra ones, which must never reach another task's groups
+    or leave a wrong value behind. Against the oracle, and the same bits at every split."""
+    x, act, values, index, dy = _problem(batch, 6, 40, 7, 0.6, seed=3)
+    sizes = torch.diff(index[1])
+    assert set(range(1, 7)) <= set(sizes.tolist())
+    needs = [False, False, True]
+    runs = []
+    for threads in (1, 2, 7):
+        torch.set_num_threads(threads)
+        runs.append(torch.ops.glai_ext.sparse_backward(dy, x, act, values, index,
+                                                       x.new_empty(0), needs)[2])
+    sw = from_dense(torch.zeros(7, 6, 40), torch.zeros(7, 6, 40, dtype=torch.bool))
+    sw.load_state_dict({"values": runs[0], **dict(zip(KeptIndex._fields, index, strict=True))})
+    kept = sw.to_dense() != 0
+    exact = torch.einsum("bi,bs,bo->ois", x.double(), act.double(), dy.double())
+    torch.testing.assert_close(sw.to_dense().double(), exact * kept, rtol=1e-4, atol=1e-4)
+    assert kept.sum() == values.numel()  # no kept dv is exactly zero here: all were compared
+    for run in runs[1:]:
+        assert torch.equal(run, runs[0])
+
+
 @pytest.mark.parametrize("inputs", [12, 200], ids=["small-groups", "large-groups"])
 def test_both_forward_forms_agree(built, inputs):
     """y alone runs flat over each output's entries when groups are small (under 10 entries
