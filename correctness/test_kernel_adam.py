@@ -1,7 +1,8 @@
 """`glai_ext::sparse_dvalues_adam`: dvalues and Adam/AdamW on the kept values inside the `cpp`
 kernel, chunk by chunk of groups (glai_kernels/csrc/sparse_binding.cpp), against the `cpp`
-backward's dvalues followed by torch's own fused update; and FusedSparseStep on it against the
-ordinary autograd + torch.optim step."""
+backward's dvalues followed by torch's own fused update; `glai_ext::bias_adam` (dbias and its
+update in one call) against torch's sum and fused update; and FusedSparseStep on them against
+the ordinary autograd + torch.optim step."""
 
 from __future__ import annotations
 
@@ -135,6 +136,67 @@ def test_opcheck():
                            torch.zeros_like(values), 1e-2, 0.9, 0.999, 0.1, 1e-8, 1.0, False))
 
 
+def _bias_steps(dy, bias, decoupled, kernel, steps=STEPS):
+    w, m, v = bias.clone(), torch.zeros_like(bias), torch.zeros_like(bias)
+    step = torch.zeros((), dtype=torch.float32)
+    update = torch._fused_adamw_ if decoupled else torch._fused_adam_
+    for t in range(1, steps + 1):
+        if kernel:
+            torch.ops.glai_ext.bias_adam(dy, w, m, v, *HYPER.values(), float(t), decoupled)
+        else:
+            step += 1
+            update([w], [dy.sum(0)], [m], [v], [], [step], amsgrad=False, lr=HYPER["lr"],
+                   beta1=HYPER["beta1"], beta2=HYPER["beta2"],
+                   weight_decay=HYPER["weight_decay"], eps=HYPER["eps"], maximize=False,
+                   grad_scale=None, found_inf=None)
+    return w, m, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+@pytest.mark.parametrize(("batch", "outputs"), [(1, 1), (16, 37), (33, 130)])
+def test_the_bias_update_in_one_call_is_torchs_update(batch, outputs, decoupled, dtype):
+    """dbias = dy summed over the batch, then torch's formula: against torch's sum and fused
+    update, after three steps; a strided dy is read as it is, and left unmodified."""
+    gen = torch.Generator().manual_seed(batch)
+    dy = torch.randn(outputs, batch, generator=gen, dtype=dtype).t()  # strided
+    bias = torch.randn(outputs, generator=gen, dtype=dtype)
+    kept = dy.clone()
+    for got, want in zip(_bias_steps(dy, bias, decoupled, True),
+                         _bias_steps(dy, bias, decoupled, False), strict=True):
+        torch.testing.assert_close(got, want, **TOL[dtype])
+    assert torch.equal(dy, kept)
+    assert not torch.equal(_bias_steps(dy, bias, decoupled, True)[0], bias)  # it moved
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda a: a.update(bias=a["bias"].repeat(2)[::2]), "bias must be a contiguous"),
+    (lambda a: a.update(bias=a["bias"].half(), dy=a["dy"].half(), m=a["m"].half(),
+                        v=a["v"].half()), "bias must be a contiguous 1-D float32 or float64"),
+    (lambda a: a.update(dy=a["dy"][:, 1:]), "dy must be a \\[B, 7\\]"),
+    (lambda a: a.update(dy=a["dy"].double()), "dy must be"),
+    (lambda a: a.update(m=a["m"][1:]), "exp_avg must be a contiguous CPU tensor of bias's"),
+    (lambda a: a.update(v=a["v"].double()), "exp_avg_sq must be"),
+    (lambda a: a.update(step=0.0), "step must be >= 1"),
+    (lambda a: a.update(lr=-1.0), "need lr, eps, weight_decay >= 0"),
+])
+def test_bias_adam_rejects_bad_arguments_naming_them_and_changes_nothing(change, match):
+    args = {"dy": torch.randn(4, 7), "bias": torch.randn(7), "m": torch.zeros(7),
+            "v": torch.zeros(7), "step": 1.0, "lr": 1e-2}
+    change(args)
+    kept = args["bias"].clone()
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.glai_ext.bias_adam(args["dy"], args["bias"], args["m"], args["v"], args["lr"],
+                                     0.9, 0.999, 0.1, 1e-8, args["step"], False)
+    assert torch.equal(args["bias"], kept)
+
+
+def test_bias_adam_opcheck():
+    torch.library.opcheck(torch.ops.glai_ext.bias_adam.default,
+                          (torch.randn(5, 7), torch.randn(7), torch.zeros(7), torch.zeros(7),
+                           1e-2, 0.9, 0.999, 0.1, 1e-8, 1.0, True))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
@@ -145,10 +207,12 @@ def test_the_fused_step_with_the_kernel_update_is_the_ordinary_step(dtype, kind,
     opt_o = OPTIMIZERS[kind](ordinary.parameters())
     opt_f = OPTIMIZERS[kind](fused.parameters())
     stepper = FusedSparseStep(fused, opt_f)
-    used = []
-    inner = FusedSparseStep._adam_in_kernel
+    used, bias_used = [], []
+    inner, bias_inner = FusedSparseStep._adam_in_kernel, FusedSparseStep._bias_adam_in_kernel
     monkeypatch.setattr(FusedSparseStep, "_adam_in_kernel",
                         lambda self, *a: (used.append(1), inner(self, *a))[1])
+    monkeypatch.setattr(FusedSparseStep, "_bias_adam_in_kernel",
+                        lambda self, *a: (bias_used.append(1), bias_inner(self, *a))[1])
     for step, (x, t) in enumerate(batches(dtype)):
         torch.manual_seed(100 + step)
         opt_o.zero_grad(set_to_none=True)
@@ -158,6 +222,27 @@ def test_the_fused_step_with_the_kernel_update_is_the_ordinary_step(dtype, kind,
         torch.manual_seed(100 + step)
         got = stepper.step(lambda model, x=x, t=t: F.cross_entropy(model(x), t))
         torch.testing.assert_close(got, expected.detach(), **TOL[dtype])
-    assert len(used) == len(batches(dtype))
+    assert len(used) == len(bias_used) == len(batches(dtype))
     for a, b in zip(state_of(fused, opt_f), state_of(ordinary, opt_o), strict=True):
         torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+def test_the_bias_updates_with_its_own_param_groups_hyper_parameters():
+    """Values and bias in two fused groups (the bias with another lr and no weight decay):
+    each kernel update takes its own group's settings, as optimizer.step() does."""
+    ordinary = sparse_head(torch.float32, 0.0, "cpp")
+    fused = copy.deepcopy(ordinary)
+
+    def adam(head):
+        return torch.optim.Adam([{"params": [head.sparse_weight.values]},
+                                 {"params": [head.bias], "lr": 3e-2, "weight_decay": 0.0}],
+                                lr=1e-2, weight_decay=0.1, fused=True)
+    opt_o, opt_f = adam(ordinary), adam(fused)
+    stepper = FusedSparseStep(fused, opt_f)
+    for x, t in batches(torch.float32):
+        opt_o.zero_grad(set_to_none=True)
+        F.cross_entropy(ordinary(x), t).backward()
+        opt_o.step()
+        stepper.step(lambda model, x=x, t=t: F.cross_entropy(model(x), t))
+    for a, b in zip(state_of(fused, opt_f), state_of(ordinary, opt_o), strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])

@@ -484,6 +484,11 @@ def _sparse_dvalues_adam_fake(dy, x, act, values, index, exp_avg, exp_avg_sq, lr
     return None  # updates values, exp_avg and exp_avg_sq in place
 
 
+def _bias_adam_fake(dy, bias, exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps, step,
+                    decoupled):
+    return None  # updates bias, exp_avg and exp_avg_sq in place
+
+
 @functools.cache
 def register_fakes() -> None:
     """Register the fakes of the glai_ext ops that take tensors (dense and sparse), once,
@@ -495,6 +500,7 @@ def register_fakes() -> None:
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_backward")(_sparse_backward_fake)
     torch.library.register_fake(f"{EXTENSION_NAME}::sparse_dvalues_adam")(
         _sparse_dvalues_adam_fake)
+    torch.library.register_fake(f"{EXTENSION_NAME}::bias_adam")(_bias_adam_fake)
 
 
 def cpu_availability(device_type: str) -> str | None:

@@ -6,6 +6,8 @@
 //   glai_ext::sparse_dvalues_adam(dy, x, act, values!, index, exp_avg!, exp_avg_sq!, lr, beta1,
 //       beta2, weight_decay, eps, step, decoupled) -> (): dvalues and one Adam / AdamW update
 //       of values and its moments in place, chunk by chunk of groups (float32/float64)
+//   glai_ext::bias_adam(dy, bias!, exp_avg!, exp_avg_sq!, lr, beta1, beta2, weight_decay, eps,
+//       step, decoupled) -> (): the same update of bias [O] from dy summed over the batch
 //   glai_ext::sparse_min_work(work=-1) -> the multiply-adds per thread below which the sparse
 //       kernels use fewer threads (work >= 0 sets it; returns the value before)
 //
@@ -396,12 +398,24 @@ glai_cpu::sparse::AdamStep<T> adam_step(double lr, double beta1, double beta2,
           T(1 - lr * weight_decay), decoupled};
 }
 
-void check_state(const at::Tensor& t, const char* name, const at::Tensor& values) {
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == values.size(0) && t.scalar_type() ==
-                  values.scalar_type() && t.is_cpu() && t.is_contiguous(),
-              kWho, ": ", name, " must be a contiguous [K] CPU tensor of values' dtype (K = ",
-              values.size(0), ", ", values.scalar_type(), "), got ", t.scalar_type(), " ",
-              t.sizes(), " on ", t.device(), t.is_contiguous() ? "" : " (strided)");
+// A moment of `owner` (the kept values [K] or the bias [O]): its shape, dtype and layout.
+void check_state(const at::Tensor& t, const char* name, const at::Tensor& owner,
+                 const char* owner_name = "values") {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == owner.size(0) && t.scalar_type() ==
+                  owner.scalar_type() && t.is_cpu() && t.is_contiguous(),
+              kWho, ": ", name, " must be a contiguous CPU tensor of ", owner_name,
+              "'s shape and dtype ([", owner.size(0), "], ", owner.scalar_type(), "), got ",
+              t.scalar_type(), " ", t.sizes(), " on ", t.device(),
+              t.is_contiguous() ? "" : " (strided)");
+}
+
+void check_hyper(double lr, double beta1, double beta2, double weight_decay, double eps,
+                 double step) {
+  TORCH_CHECK(step >= 1, kWho, ": step must be >= 1 (the count after this update), got ", step);
+  TORCH_CHECK(lr >= 0 && eps >= 0 && weight_decay >= 0 && 0 <= beta1 && beta1 < 1 &&
+                  0 <= beta2 && beta2 < 1,
+              kWho, ": need lr, eps, weight_decay >= 0 and betas in [0, 1), got lr=", lr,
+              ", betas=(", beta1, ", ", beta2, "), weight_decay=", weight_decay, ", eps=", eps);
 }
 
 void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
@@ -417,11 +431,7 @@ void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at
               "place), got ", t, values.is_contiguous() ? "" : " (strided)");
   check_state(exp_avg, "exp_avg", values);
   check_state(exp_avg_sq, "exp_avg_sq", values);
-  TORCH_CHECK(step >= 1, kWho, ": step must be >= 1 (the count after this update), got ", step);
-  TORCH_CHECK(lr >= 0 && eps >= 0 && weight_decay >= 0 && 0 <= beta1 && beta1 < 1 &&
-                  0 <= beta2 && beta2 < 1,
-              kWho, ": need lr, eps, weight_decay >= 0 and betas in [0, 1), got lr=", lr,
-              ", betas=(", beta1, ", ", beta2, "), weight_decay=", weight_decay, ", eps=", eps);
+  check_hyper(lr, beta1, beta2, weight_decay, eps, step);
   if (s.nnz == 0) return;
   if (s.batch == 0) {
     // every gradient is an empty sum: the update with g = 0
@@ -450,6 +460,42 @@ void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at
               "updated. Build it with glai_kernels.sparse.from_dense or from_entries");
 }
 
+// bias [O] -= Adam / AdamW of g[o] = sum_b dy[b, o] (b in order), moments in place: the fused
+// step's bias update in one call instead of torch's sum, step count and _fused_adam_ (each an
+// op dispatch, ≈ 17 µs together inside a B1 step: bench/NOTES.md, "The bias's update in one
+// call").
+void bias_adam_cpu(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
+                   at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                   double weight_decay, double eps, double step, bool decoupled) {
+  constexpr const char* who = "glai_ext::bias_adam";
+  const auto t = bias.scalar_type();
+  TORCH_CHECK(bias.dim() == 1 && (t == at::kFloat || t == at::kDouble) && bias.is_cpu() &&
+                  bias.is_contiguous(),
+              who, ": bias must be a contiguous 1-D float32 or float64 CPU tensor (it is "
+              "updated in place), got ", t, " ", bias.sizes(), " on ", bias.device(),
+              bias.is_contiguous() ? "" : " (strided)");
+  TORCH_CHECK(dy.dim() == 2 && dy.size(1) == bias.size(0) && dy.scalar_type() == t &&
+                  dy.is_cpu(),
+              who, ": dy must be a [B, ", bias.size(0), "] CPU tensor of bias's dtype (", t,
+              "), got ", dy.scalar_type(), " ", dy.sizes(), " on ", dy.device());
+  check_state(exp_avg, "exp_avg", bias, "bias");
+  check_state(exp_avg_sq, "exp_avg_sq", bias, "bias");
+  check_hyper(lr, beta1, beta2, weight_decay, eps, step);
+  const at::Tensor rows = dy.contiguous();
+  auto run = [&](auto* w) {
+    using T = std::remove_pointer_t<decltype(w)>;
+    const int64_t batch = rows.size(0), n = bias.size(0);
+    const T* d = rows.const_data_ptr<T>();
+    std::vector<T> grad(n, T(0));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t o = 0; o < n; ++o) grad[o] += d[b * n + o];
+    glai_cpu::sparse::kernels<T>().adam(
+        adam_step<T>(lr, beta1, beta2, weight_decay, eps, step, decoupled), w,
+        exp_avg.mutable_data_ptr<T>(), exp_avg_sq.mutable_data_ptr<T>(), grad.data(), n);
+  };
+  t == at::kDouble ? run(bias.mutable_data_ptr<double>()) : run(bias.mutable_data_ptr<float>());
+}
+
 int64_t sparse_min_work(int64_t work) {
   return work >= 0 ? g_min_work.exchange(work) : g_min_work.load();
 }
@@ -464,12 +510,16 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
   m.def("sparse_dvalues_adam(Tensor dy, Tensor x, Tensor act, Tensor(a!) values, Tensor[] index,"
         " Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, float beta1, float beta2,"
         " float weight_decay, float eps, float step, bool decoupled) -> ()");
+  m.def("bias_adam(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq,"
+        " float lr, float beta1, float beta2, float weight_decay, float eps, float step,"
+        " bool decoupled) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_forward", &sparse_forward_cpu);
   m.impl("sparse_backward", &sparse_backward_cpu_needs);
   m.impl("sparse_dvalues_adam", &sparse_dvalues_adam_cpu);
+  m.impl("bias_adam", &bias_adam_cpu);
 }
 
 }  // namespace glai_ext

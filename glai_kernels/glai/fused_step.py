@@ -27,7 +27,8 @@ With the `cpp` backend, float32/float64 values, a fused optimizer and one model 
 the kept values' update runs inside the dvalues kernel instead (`kernel_adam=True`, the
 default): `glai_ext::sparse_dvalues_adam` computes dvalues for a chunk of groups and applies
 Adam/AdamW to that chunk's values and moments while they are in cache, where `_fused_adam_`
-re-read all four [K] arrays in a pass of its own (bench/NOTES.md, "Adam inside dvalues"). It
+re-read all four [K] arrays in a pass of its own (bench/NOTES.md, "Adam inside dvalues"), and
+a fused-group bias is updated by `glai_ext::bias_adam` (dbias and its update in one call). It
 is torch's formula with torch's scalars; the float operations may be contracted differently
 from torch's build, so the values agree with the torch update to within a few units in the
 last place per step, not bit for bit. `kernel_adam=False` keeps torch's own update and with
@@ -189,7 +190,11 @@ class FusedSparseStep:
             (x_aug, act, _, _), dy = calls[0], grads[0].contiguous()
             self._adam_in_kernel(group, dy, x_aug, act, plan)
             if train_bias:
-                self._update([(bias, _bias_grad(dy))])
+                bias_group = self._fused_group(bias)
+                if bias_group is not None:
+                    self._bias_adam_in_kernel(bias_group, dy, bias)
+                else:
+                    self._update([(bias, _bias_grad(dy))])
             return loss.detach()
         needs = (False, False, True)
         dvalues = dbias = None
@@ -219,9 +224,12 @@ class FusedSparseStep:
                 and calls[0][2].name == "cpp" and plan.nnz > 0
                 and plan.values.dtype in (torch.float32, torch.float64)):
             return None
-        values = plan.values
+        return self._fused_group(plan.values)
+
+    def _fused_group(self, param: torch.Tensor) -> dict | None:
+        """`param`'s param group when it is a fused one, else None."""
         for group in self.optimizer.param_groups:
-            if any(p is values for p in group["params"]):
+            if any(p is param for p in group["params"]):
                 return group if group.get("fused") else None
         return None
 
@@ -234,6 +242,18 @@ class FusedSparseStep:
             dy, x_aug, act, plan.values.detach(), list(plan.index), state["exp_avg"],
             state["exp_avg_sq"], float(group["lr"]), beta1, beta2, group["weight_decay"],
             group["eps"], float(state["step"]), bool(group.get("decoupled_weight_decay")))
+
+    def _bias_adam_in_kernel(self, group: dict, dy: torch.Tensor, bias: torch.Tensor) -> None:
+        # dbias = dy summed over the batch and the bias's update in one call: torch's sum, step
+        # count and _fused_adam_ cost ≈ 17 µs inside a B1 step (bench/NOTES.md, "The bias's
+        # update in one call")
+        state = self._state(bias)
+        state["step"].add_(1)
+        beta1, beta2 = group["betas"]
+        torch.ops.glai_ext.bias_adam(
+            dy, bias.detach(), state["exp_avg"], state["exp_avg_sq"], float(group["lr"]), beta1,
+            beta2, group["weight_decay"], group["eps"], float(state["step"]),
+            bool(group.get("decoupled_weight_decay")))
 
     def _update(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         optimizer = self.optimizer
