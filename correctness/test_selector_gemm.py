@@ -148,3 +148,19 @@ def test_selected_columns_folded_into_the_gemm_give_the_gates_bits(built):
     before = act.clone()
     chosen.load_state_dict({**chosen.state_dict(), "bias0": chosen.bias0 + 100.0})
     assert bool((chosen(x) == 1).all()) and not torch.equal(chosen(x), before)
+
+
+@pytest.mark.parametrize("paths", [64, 65, 127], ids=["whole-tiles", "one-over", "one-under"])
+def test_the_selectors_padded_columns_give_the_unpadded_kernels_bits(built, paths):
+    """The selector keeps its weight zero-padded to whole 64-column tiles and drops the padded
+    gates: the same bits as the kernel on the unpadded weight, act [B, P] contiguous."""
+    mlp, fast, _ = _selectors((21, paths, 3), seed=paths)
+    x = torch.randn(17, 21, generator=torch.Generator().manual_seed(9))
+    layer = mlp.layers[0] if hasattr(mlp, "layers") else mlp[0]
+    units = fast.units[0]
+    want = torch.ops.glai_ext.linear(x, layer.weight.detach().index_select(0, units).t()
+                                     .contiguous(), layer.bias.detach().index_select(0, units),
+                                     True)
+    got = fast(x)
+    assert got.shape == (17, units.numel()) and got.is_contiguous()
+    assert torch.equal(got, want)

@@ -59,6 +59,17 @@ def all_paths(hidden: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(units_blocks, 1), torch.cat(start_blocks)
 
 
+_TILE_COLUMNS = 64  # a multiple of every instruction set's register tile width (kNR)
+
+
+def _padded_columns(weight_t: torch.Tensor, bias: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """weight_t [I, P] and bias [P] with zero columns up to a multiple of _TILE_COLUMNS."""
+    pad = -weight_t.shape[1] % _TILE_COLUMNS
+    weight_t = F.pad(weight_t, (0, pad)).contiguous()
+    return weight_t, None if bias is None else F.pad(bias, (0, pad))
+
+
 class PathSelector(nn.Module):
     """act [B, P] from x [B, n0] through frozen hidden layers (buffers, never trained).
 
@@ -190,12 +201,16 @@ class PathSelector(nn.Module):
                 and self._use_extension(x)):
             # act[:, s] is unit units[0, s]'s gate: the column selection folded into the GEMM
             # (each column sums in the same order wherever it sits: the same bits as
-            # selecting from every unit's gates)
+            # selecting from every unit's gates), the columns zero-padded to whole register
+            # tiles once here, so the kernel does not pad its last block on every call
+            # (B1's P = 319: ≈ 9 µs a call; bench/NOTES.md, "The selector's last block")
             weight, bias = self._derived(
                 "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),
-                lambda w, b, u: (w.index_select(0, u[0]).t().contiguous(),
-                                 None if b is None else b.index_select(0, u[0])))
-            return extension.run_linear(x.detach(), weight, bias, True)
+                lambda w, b, u: _padded_columns(w.index_select(0, u[0]).t(),
+                                                None if b is None else b.index_select(0, u[0])))
+            paths = self.units.shape[1]
+            out = extension.run_linear(x.detach(), weight, bias, True)
+            return out if out.shape[1] == paths else out[:, :paths].contiguous()
         gates = self.gates(x)
         if self.training:
             gates = [F.dropout(g, p, training=True) if p > 0 else g
