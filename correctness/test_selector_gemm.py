@@ -23,9 +23,11 @@ def _layer(batch: int, inputs: int, outputs: int, dtype: torch.dtype, seed: int)
     return x, weight, bias
 
 
-# rows across the 6-row register tile, columns across a 64-lane tile and its vectors, depth 0..
+# rows across the 6-row register tile, columns across a 64-lane tile and its vectors, depth 0..;
+# B a multiple of 8 and P of 16: the 8-row tile of 3 vectors (48 columns), its last block 1-3
 SIZES = [(1, 1, 1), (5, 7, 15), (6, 33, 16), (7, 300, 17), (13, 129, 63), (16, 1280, 320),
-         (25, 2, 65), (50, 576, 130), (3, 0, 4), (0, 5, 3)]
+         (25, 2, 65), (50, 576, 130), (3, 0, 4), (0, 5, 3), (8, 5, 16), (16, 9, 112),
+         (32, 17, 80), (24, 70, 48)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -51,6 +53,18 @@ def test_linear_agrees_with_the_oracle(built, size, dtype):
         assert torch.equal(gates, (pre > 0).to(dtype))  # the fused compare, same bits
         assert set(gates.unique().tolist()) <= {0.0, 1.0}
     assert all(torch.equal(t, u) for t, u in zip((wide, weight, bias), before, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_8_row_tile_gives_the_6_row_tiles_bits(built, dtype):
+    """B = 16 runs in 8-row tiles, B = 17 in 6-row ones: every element is the same sum in the
+    same order, so its first 16 rows are the same bits."""
+    x, weight, bias = _layer(17, 300, 112, dtype, seed=11)
+    transposed = weight.t().contiguous()
+    for gates in (False, True):
+        sixteen = extension.run_linear(x[:16], transposed, bias, gates)
+        seventeen = extension.run_linear(x, transposed, bias, gates)
+        assert torch.equal(sixteen, seventeen[:16])
 
 
 def test_linear_runs_on_two_threads_with_the_same_bits(built):
