@@ -21,6 +21,13 @@ Inputs, from the run's seed: a random reduced MLP (n0, P, n2) gives the selector
 and the upstream gradient dy [B, O] are Gaussian; the path weights are Gaussian; the mask is
 uniformly random with exactly K = round(μ·O·I·P) kept entries (the first K of one random
 permutation per head, so the masks of one head are nested); the estimator's bias starts at 0.
+At the head's matched μ the inputs are instead the head GLAI trains (`pruned_inputs`): a
+random original MLP, `match` and the unstructured prune's path scores over 256 Gaussian
+reference rows, the top K of them kept over all P paths, as `bench.sparse_train_step`'s heads.
+Pruning keeps paths whose weight and input statistics are large, so its entries cluster in
+fewer (o, s) groups than a random mask's (B1: ≈ 52 entries a group against ≈ 13), and the
+kernels' cost per entry follows the group size (bench/NOTES.md, "The kept-fraction sweep at
+the pruned heads").
 
 Verdicts go through `reference.verdict.judge` against the float64 dense oracle on the
 masked weight (`bench.oracle.Oracle`): y, and in the step the path weights' gradient (the
@@ -45,6 +52,7 @@ import torch.nn.functional as F
 from bench import memory
 from bench.oracle import Oracle
 from bench.passes import PASSES, Tensors, dtype_of, split_available
+from bench.sweeps import matched_keep
 from glai_kernels import sparse
 from glai_kernels.contract import Shape
 from glai_kernels.glai import (
@@ -53,7 +61,9 @@ from glai_kernels.glai import (
     all_paths,
     make_mlp,
     make_optimizer,
+    match,
     paper_training,
+    path_scores,
 )
 from glai_kernels.glai.fused_step import fused_step_for
 from glai_kernels.op import estimator
@@ -96,10 +106,11 @@ class HeadInputs:
     act: torch.Tensor  # [B, P], the selector's 0/1 gates
     dy: torch.Tensor  # [B, O]
     weight: torch.Tensor  # [O, I, P], unmasked
-    order: torch.Tensor  # a random permutation of the O·I·P flat positions
+    order: torch.Tensor | None  # a random permutation of the O·I·P flat positions
     mlp: torch.nn.Sequential  # the original (n0, n1, n2)
     mlp_oracle: tuple[torch.Tensor, torch.Tensor]  # its float64 y and error scale
     dweight: tuple[torch.Tensor, torch.Tensor] | None = None  # oracle dweight, scale
+    pruned: torch.Tensor | None = None  # bool [O, I, P]: the prune's mask (pruned_inputs)
 
 
 def _mlp_oracle(mlp: torch.nn.Sequential, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,8 +150,45 @@ def head_inputs(head: str, shape: Shape, dtype: torch.dtype, device: torch.devic
                       _mlp_oracle(mlp, x))
 
 
+def pruned_inputs(head: str, shape: Shape, dtype: torch.dtype, device: torch.device,
+                  seed: int) -> HeadInputs:
+    """The inputs at `head`'s matched μ: the GLAI head that `match` makes of a seeded original
+    MLP, its [O, I, P] estimator weight and the unstructured prune's mask of the matched K
+    over it (the module docstring; P stays all the reduced MLP's paths, where `prune` would
+    also drop a path left with no kept weight)."""
+    spec = PAPER_HEADS[head]
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the MLPs' default initialisation
+    mlp = make_mlp((spec.n0, spec.n1, spec.n2))
+    _, glai, budget = match(mlp, spec.rho)
+    keep = matched_keep(spec)
+    if budget.keep != keep or glai.weight_shape != (shape.outputs, shape.inputs, shape.paths):
+        raise ValueError(f"{head}: match gives K = {budget.keep} over {glai.weight_shape}, the "
+                         f"sweep expects {keep} over {(shape.outputs, shape.inputs, shape.paths)}")
+    scores = path_scores(glai, torch.randn(256, spec.n0, generator=gen)).view(-1)
+    pruned = torch.zeros(scores.numel(), dtype=torch.bool)
+    pruned[scores.topk(keep).indices] = True
+    del scores
+    selector = glai.selector.eval().to(device=device, dtype=dtype)
+    x = torch.randn(shape.batch, spec.n0, generator=gen).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        act = selector(x)
+    weight = glai.weight.detach().to(device=device, dtype=dtype)
+    dy = torch.randn(shape.batch, shape.outputs, generator=gen)
+    mlp = mlp.to(device=device, dtype=dtype)
+    return HeadInputs((head, shape.batch, str(dtype), "pruned"), selector, x,
+                      F.pad(x, (0, 1), value=1.0), act, dy.to(device=device, dtype=dtype),
+                      weight, None, mlp, _mlp_oracle(mlp, x),
+                      pruned=pruned.view(weight.shape).to(device))
+
+
 def kept_mask(inputs: HeadInputs, nnz: int) -> torch.Tensor:
-    """bool [O, I, P] with exactly `nnz` True entries: the first nnz of the permutation."""
+    """bool [O, I, P] with exactly `nnz` True entries: the prune's mask for pruned inputs,
+    else the first nnz of the permutation."""
+    if inputs.pruned is not None:
+        if int(inputs.pruned.sum()) != nnz:
+            raise ValueError(f"the pruned mask keeps {int(inputs.pruned.sum())}, not {nnz}")
+        return inputs.pruned
     mask = torch.zeros(inputs.weight.numel(), dtype=torch.bool, device=inputs.weight.device)
     mask[inputs.order[:nnz]] = True
     return mask.view(inputs.weight.shape)
@@ -267,12 +315,14 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
 
     dtype, device, preset = dtype_of(dtype_name), ctx.device, ctx.preset
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    key = (head, shape.batch, str(dtype))
+    nnz = kept_count(shape, mu)
+    at_match = nnz == matched_keep(PAPER_HEADS[head])
+    key = (head, shape.batch, str(dtype), *(("pruned",) if at_match else ()))
     inputs = ctx.kept_inputs
     if inputs is None or inputs.key != key:
         ctx.kept_inputs = None  # free the previous head's tensors first
-        inputs = ctx.kept_inputs = head_inputs(head, shape, dtype, device, ctx.seed)
-    nnz = kept_count(shape, mu)
+        make = pruned_inputs if at_match else head_inputs
+        inputs = ctx.kept_inputs = make(head, shape, dtype, device, ctx.seed)
     mask = kept_mask(inputs, nnz)
     masked = inputs.weight * mask
     sw = sparse.from_dense(masked, mask)

@@ -4,12 +4,13 @@ All ratios are of medians timed in the same run (interleaved, bench/timing.py):
 
 - the crossover per head, batch and pass: the kept fraction μ where the best sparse backend
   and the best dense backend on the masked weight take the same time, interpolated in
-  log μ and log time between the two measured μ that bracket it;
+  log μ and log time between the two measured μ that bracket it, over the random masks only
+  (the matched μ is the pruned head, another structure: bench/kept.py);
 - each sparse backend's share of its bytes floor in the forward: `SparseShape.min_bytes`
   over the memory bandwidth this run measured (`bench.ceilings.Ceilings.bandwidth`: the
   cache's for bytes that fit in half of it), divided by the median;
 - the GLAI training step against the MLP's at each head's matched μ (docs/ARCHITECTURE.md
-  §3) and paper batch: issue 13's target (1), ≤ 1.0×;
+  §3: the pruned head) and paper batch: issue 13's target (1), ≤ 1.0×;
 - sparse `cpp` against dense `cpp` in the forward at μ = 1%, B = 16, at B1 and B2: its
   target (2), ≥ 20×.
 """
@@ -78,6 +79,12 @@ def crossover(rows: pd.DataFrame) -> tuple[float | None, str]:
     return None, "no single crossing (sparse and dense alternate; see the plot)"
 
 
+def at_match(rows: pd.DataFrame) -> pd.Series:
+    """Which rows are at their head's matched K (the pruned head; the others: random masks)."""
+    keep = rows["head"].map(lambda h: matched_keep(PAPER_HEADS[h]) if h in PAPER_HEADS else -1)
+    return rows["nnz"] == keep
+
+
 def _matched(rows: pd.DataFrame, head: str) -> pd.DataFrame:
     return rows[rows["nnz"] == matched_keep(PAPER_HEADS[head])]
 
@@ -113,8 +120,10 @@ def markdown(df: pd.DataFrame, meta: dict) -> list[str]:
 def _crossovers(rows: pd.DataFrame) -> list[str]:
     passes = [p for p in ("forward", "step") if p in set(rows["pass"])]
     out = ["### Crossover: best sparse = best dense (interpolated in log μ)", "",
+           "Over the random masks (the matched μ, a pruned head, is left out: its entries "
+           "cluster in fewer groups).", "",
            "| head | B | " + " | ".join(passes) + " |", "|---|---|" + "---|" * len(passes)]
-    for (head, batch), g in rows.groupby(["head", "batch"], sort=False):
+    for (head, batch), g in rows[~at_match(rows)].groupby(["head", "batch"], sort=False):
         cells = [crossover(g[g["pass"] == p])[1] for p in passes]
         out.append(f"| {head} | {batch} | " + " | ".join(cells) + " |")
     return [*out, ""]
@@ -124,7 +133,7 @@ def _floor_shares(rows: pd.DataFrame, meta: dict) -> list[str]:
     ceilings = Ceilings(**meta["ceilings"])
     fwd = rows[(rows["pass"] == "forward") & rows["backend"].map(is_sparse)
                & rows["bytes"].notna()]
-    out = ["### Sparse forward: share of the bytes floor at the matched μ", "",
+    out = ["### Sparse forward: share of the bytes floor at the matched μ (the pruned head)", "",
            "Bytes floor = `SparseShape.min_bytes` (values, the index arrays the forward "
            "walks, x, act, y) over this run's copy bandwidth (the cache's where they fit in "
            "half of it); share = floor / median.", "",
@@ -143,6 +152,8 @@ def _floor_shares(rows: pd.DataFrame, meta: dict) -> list[str]:
 def _step_target(rows: pd.DataFrame) -> list[str]:
     out = [f"### Target: GLAI training step ≤ {STEP_TARGET:g}× the MLP's at the matched μ, "
            "paper batch", "",
+           "At the matched μ the head is the one GLAI trains: `match` and the unstructured "
+           "prune of a random original MLP (bench/kept.py, `pruned_inputs`).", "",
            "| head | B | μ | MLP step | best sparse step | sparse / MLP | dense cpp step | "
            "dense cpp / MLP | target |", "|---|---|---|---|---|---|---|---|---|"]
     step = rows[rows["pass"] == "step"]

@@ -341,14 +341,19 @@ def kept_fraction(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
                 at = sub[sub["batch"] == batch]
                 if at.empty:
                     continue
+                pruned = kept_report.at_match(at)
                 for backend, g in at[at["backend"] != "mlp"].groupby("backend", sort=False):
                     g = g.sort_values("mu")
-                    ax.plot(100 * g["mu"], 1e3 * g["median_s"], marker="o", ms=3,
+                    line = g[~pruned.loc[g.index]]
+                    ax.plot(100 * line["mu"], 1e3 * line["median_s"], marker="o", ms=3,
                             color=colors[backend], ls=styles[batch])
+                    point = g[pruned.loc[g.index]]
+                    ax.plot(100 * point["mu"], 1e3 * point["median_s"], marker="*", ms=9,
+                            ls="none", color=colors[backend])
                 mlp = at[at["backend"] == "mlp"]["median_s"]
                 if len(mlp):
                     ax.axhline(1e3 * mlp.median(), color="black", ls=styles[batch], lw=1)
-                mu, _ = kept_report.crossover(at)
+                mu, _ = kept_report.crossover(at[~pruned])
                 if mu is not None:
                     ax.axvline(100 * mu, color="red", ls=styles[batch], lw=1)
                     ax.annotate(f"{100 * mu:.2g}%", (100 * mu, 1), xycoords=("data", "axes "
@@ -362,7 +367,9 @@ def kept_fraction(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     handles = [plt.Line2D([], [], color=c, marker="o", ms=3, label=b) for b, c in colors.items()]
     handles += [plt.Line2D([], [], color="black", lw=1, label="MLP (n0, n1, n2)"),
                 plt.Line2D([], [], color="red", lw=1, label="crossover: best sparse = best dense"),
-                plt.Line2D([], [], color="0.6", lw=3, alpha=0.4, label="matched μ")]
+                plt.Line2D([], [], color="0.6", lw=3, alpha=0.4, label="matched μ"),
+                plt.Line2D([], [], color="gray", marker="*", ms=9, ls="none",
+                           label="the pruned head (matched μ); lines: random masks")]
     handles += [plt.Line2D([], [], color="gray", ls=styles[b], label=f"B = {b}")
                 for b in batches]
     fig.legend(handles=handles, fontsize=8, loc="outside right center")

@@ -78,6 +78,25 @@ def kept_mask(inputs, nnz):
     return kept.kept_mask(inputs, nnz)
 
 
+def test_the_matched_mu_is_the_pruned_head():
+    """At the matched K the sweep times the head GLAI trains: the prune's mask over the
+    head's own estimator weight and selector, its entries in fewer (o, s) groups than a
+    random mask's of the same K; any other K gets no pruned mask."""
+    shape, keep = PAPER_HEADS["A1"].shape(4), matched_keep(PAPER_HEADS["A1"])
+    pruned = kept.pruned_inputs("A1", shape, torch.float32, CPU, seed=0)
+    mask = kept_mask(pruned, keep)
+    assert mask.shape == (shape.outputs, shape.inputs, shape.paths)
+    assert int(mask.sum()) == keep
+    with pytest.raises(ValueError, match="keeps"):
+        kept_mask(pruned, keep - 1)
+    random = kept_mask(kept.head_inputs("A1", shape, torch.float32, CPU, seed=0), keep)
+
+    def groups(m):
+        return int(m.any(1).sum())  # (o, s) pairs with a kept entry
+    assert groups(mask) < groups(random) / 2
+    assert set(pruned.act.unique().tolist()) <= {0.0, 1.0}
+
+
 @pytest.fixture(scope="module")
 def kept_rows():
     # the sparse `torch` backend only: the rows and the summary's "not available" line
