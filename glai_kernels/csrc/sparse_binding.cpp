@@ -463,7 +463,7 @@ void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at
 // bias [O] -= Adam / AdamW of g[o] = sum_b dy[b, o] (b in order), moments in place: the fused
 // step's bias update in one call instead of torch's sum, step count and _fused_adam_ (each an
 // op dispatch, ≈ 17 µs together inside a B1 step: bench/NOTES.md, "The bias's update in one
-// call").
+// call, and the selector's tiles").
 void bias_adam_cpu(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
                    at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
                    double weight_decay, double eps, double step, bool decoupled) {

@@ -235,25 +235,25 @@ class FusedSparseStep:
 
     def _adam_in_kernel(self, group: dict, dy: torch.Tensor, x_aug: torch.Tensor,
                         act: torch.Tensor, plan: _Plan) -> None:
-        state = self._state(plan.values)
-        state["step"].add_(1)
-        beta1, beta2 = group["betas"]
         torch.ops.glai_ext.sparse_dvalues_adam(
-            dy, x_aug, act, plan.values.detach(), list(plan.index), state["exp_avg"],
-            state["exp_avg_sq"], float(group["lr"]), beta1, beta2, group["weight_decay"],
-            group["eps"], float(state["step"]), bool(group.get("decoupled_weight_decay")))
+            dy, x_aug, act, plan.values.detach(), list(plan.index),
+            *self._kernel_update_args(group, plan.values))
 
     def _bias_adam_in_kernel(self, group: dict, dy: torch.Tensor, bias: torch.Tensor) -> None:
         # dbias = dy summed over the batch and the bias's update in one call: torch's sum, step
         # count and _fused_adam_ cost ≈ 17 µs inside a B1 step (bench/NOTES.md, "The bias's
-        # update in one call")
-        state = self._state(bias)
+        # update in one call, and the selector's tiles")
+        torch.ops.glai_ext.bias_adam(dy, bias.detach(), *self._kernel_update_args(group, bias))
+
+    def _kernel_update_args(self, group: dict, param: torch.Tensor) -> tuple:
+        """(exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps, step, decoupled) of
+        `param` for an update in a glai_ext kernel, its step count advanced as torch's."""
+        state = self._state(param)
         state["step"].add_(1)
         beta1, beta2 = group["betas"]
-        torch.ops.glai_ext.bias_adam(
-            dy, bias.detach(), state["exp_avg"], state["exp_avg_sq"], float(group["lr"]), beta1,
-            beta2, group["weight_decay"], group["eps"], float(state["step"]),
-            bool(group.get("decoupled_weight_decay")))
+        return (state["exp_avg"], state["exp_avg_sq"], float(group["lr"]), beta1, beta2,
+                group["weight_decay"], group["eps"], float(state["step"]),
+                bool(group.get("decoupled_weight_decay")))
 
     def _update(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         optimizer = self.optimizer

@@ -203,7 +203,8 @@ class PathSelector(nn.Module):
             # (each column sums in the same order wherever it sits: the same bits as
             # selecting from every unit's gates), the columns zero-padded to whole register
             # tiles once here, so the kernel does not pad its last block on every call
-            # (B1's P = 319: ≈ 9 µs a call; bench/NOTES.md, "The selector's last block")
+            # (B1's P = 319: ≈ 9 µs a call; bench/NOTES.md, "The bias's update in one call,
+            # and the selector's tiles")
             weight, bias = self._derived(
                 "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),
                 lambda w, b, u: _padded_columns(w.index_select(0, u[0]).t(),
