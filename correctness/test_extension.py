@@ -360,11 +360,12 @@ def test_one_openmp_runtime_is_loaded(built):
     assert len(runtimes) <= 1, runtimes
 
 
+@pytest.mark.parametrize("batch", [50, 300])  # 300: dweight's two chunks of b
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_calls_parallel,
-                                                  dtype):
-    data = make_inputs(50, 23, 70, 9, seed=7, dtype=dtype)
-    dy = torch.randn(50, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
+                                                  dtype, batch):
+    data = make_inputs(batch, 23, 70, 9, seed=7, dtype=dtype)
+    dy = torch.randn(batch, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
 
     def run():
         y, z = cpp_forward_saving(data.x, data.act, data.weight)
@@ -398,6 +399,8 @@ EDGE_SHAPES = [
     (5, 6, 15, 2), (6, 7, 16, 1), (7, 5, 17, 3),
     (12, 11, 31, 2), (13, 13, 33, 2), (65, 12, 63, 2),
     (64, 6, 64, 1), (63, 7, 65, 2), (3, 19, 129, 4), (129, 5, 8, 3),
+    # dweight sums b in chunks of 256 rows: two chunks, and three with a partial last one
+    (512, 6, 64, 1), (515, 13, 65, 2),
 ]
 
 
