@@ -430,3 +430,35 @@ def test_op_rejects_inconsistent_shapes(built):
     with pytest.raises(RuntimeError, match=r"dy must be \[3, 2\]"):
         torch.ops.glai_ext.backward(torch.randn(3, 3), x, act, torch.randn(2, 4, 5),
                                     torch.empty(0), True, True, True)
+
+
+# ---- large results kept between backward calls (csrc/gradient_cache.h) --------------------
+
+def test_a_large_dweight_reuses_a_freed_block_and_is_fully_written(built):
+    """A dweight of >= 32 MiB comes back, when freed, to the next backward of its size: the
+    same memory, every element rewritten (checked against float64 for fresh inputs)."""
+    torch.ops.glai_ext.release_cached_results()
+    o, i, p = 512, 128, 130  # 34 MB in float32
+    ptrs = []
+    for seed in (1, 2):
+        data = make_inputs(2, i, p, o, seed=seed)
+        dy = torch.randn(2, o, generator=torch.Generator().manual_seed(seed))
+        _, _, dweight = cpp_backward(dy, data.x, data.act, data.weight, (False, False, True))
+        assert torch.ops.glai_ext.cached_result_bytes() == 0  # the block is in use
+        expected = torch.einsum("bo,bi,bs->ois", dy.double(), data.x.double(), data.act.double())
+        assert torch.allclose(dweight.double(), expected, rtol=1e-5, atol=1e-5)
+        ptrs.append(dweight.data_ptr())
+        del dweight
+        assert torch.ops.glai_ext.cached_result_bytes() == o * i * p * 4
+    assert ptrs[0] == ptrs[1]
+    assert torch.ops.glai_ext.release_cached_results() == o * i * p * 4
+    assert torch.ops.glai_ext.cached_result_bytes() == 0
+
+
+def test_a_small_dweight_is_not_kept(built):
+    torch.ops.glai_ext.release_cached_results()
+    data = make_inputs(3, 20, 30, 4, seed=5)
+    dy = torch.randn(3, 4, generator=torch.Generator().manual_seed(6))
+    _, _, dweight = cpp_backward(dy, data.x, data.act, data.weight, (False, False, True))
+    del dweight
+    assert torch.ops.glai_ext.cached_result_bytes() == 0

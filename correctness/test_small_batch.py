@@ -3,6 +3,8 @@ ones do.
 
 - `estimator()` under no_grad runs the forward's body without the custom op (glai_kernels/
   op.py, `_direct`): same result bits, same checks, and still refuses an aliasing output;
+- with gradients, eager calls on plain tensors record a Function (`_EagerEstimator`) instead of
+  the custom op's autograd: the same output and gradient bits, double backward included;
 - the cpp dx kernel's tall tile, taken when B fits one vector (24 rows of i at a time with
   AVX-512, 12 otherwise), on every instruction set and on shapes whose I is not a multiple
   of the tile;
@@ -64,6 +66,44 @@ def test_direct_forward_still_refuses_an_aliasing_output():
             glai_kernels.estimator(x, act, weight, backend="aliasing")
         with pytest.raises(RuntimeError, match="alias"):
             estimator_op(x, act, weight, None, "aliasing", False)
+    finally:
+        registry.unregister("aliasing")
+
+
+@pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
+def test_eager_autograd_is_the_op(backend):
+    """With gradients, estimator() records the eager Function and gives the custom op's
+    output and gradients, bit for bit, and the same gradients of gradients."""
+    if registry.get(backend).unsupported_reason("cpu", torch.float32) is not None:
+        pytest.skip(f"{backend} is unavailable here")
+    x, act, weight, dy = _inputs((16, 70, 24, 5), seed=3)
+    bias = torch.randn(5)
+
+    def run(through_op: bool):
+        leaves = [t.detach().requires_grad_(True) for t in (x, act, weight, bias)]
+        if through_op:
+            y = estimator_op(*leaves, backend, True)[0]
+        else:
+            y = glai_kernels.estimator(*leaves, backend=backend)
+            assert type(y.grad_fn).__name__ == "_EagerEstimatorBackward"
+        grads = torch.autograd.grad(y, leaves, dy, create_graph=True)
+        second = torch.autograd.grad(grads[2].square().sum(), leaves[:2])
+        return [y, *grads, *second]
+
+    for eager, op in zip(run(False), run(True), strict=True):
+        assert torch.equal(eager, op)
+
+
+def test_eager_autograd_refuses_an_aliasing_output():
+    def aliasing(x, act, weight):
+        return x[:, : weight.shape[0]]
+
+    registry.register(registry.Backend(name="aliasing", forward=aliasing, backward=aliasing,
+                                       devices=("cpu",), description="test backend"))
+    try:
+        x, act, weight, _ = _inputs((4, 6, 3, 6))
+        with pytest.raises(RuntimeError, match="alias"):
+            glai_kernels.estimator(x, act, weight.requires_grad_(True), backend="aliasing")
     finally:
         registry.unregister("aliasing")
 

@@ -69,7 +69,8 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
-    return [CSRC / "glai_ext.cpp", CSRC / "task_pool.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
+    return [CSRC / "glai_ext.cpp", CSRC / "task_pool.cpp", CSRC / "gradient_cache.cpp",
+            CSRC / "cpu" / "cpu_dispatch.cpp",
             CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
 

@@ -345,6 +345,10 @@ def estimator(
         if dtype is None and _direct((x, act, weight, bias)):
             return _direct_forward(registry.resolve(backend, x.device, x.dtype, call), shape,
                                    x, act, weight, bias)
+        if dtype is None and _plain((x, act, weight, bias)):
+            impl = registry.resolve(backend, x.device, x.dtype, call)
+            save = act.requires_grad
+            return _EagerEstimator.apply(x, act, weight, bias, impl, shape, save)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
         name = _resolved(backend, x.device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
@@ -362,17 +366,22 @@ def estimator(
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _direct(tensors: tuple) -> bool:
-    """Whether a forward on `tensors` may skip the custom op (see above)."""
-    grad = torch.is_grad_enabled()
+def _plain(tensors: tuple) -> bool:
+    """Whether `tensors` are plain tensors (not meta), under no dispatch or function mode and
+    no functorch transform: nothing that would see the custom op (see above)."""
     for t in tensors:
-        if t is None:
-            continue
-        if type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type == "meta":
+        if t is not None and (type(t) not in _PLAIN or t.device.type == "meta"):
             return False
     return not (torch._C._len_torch_dispatch_stack()
                 or torch._C._is_torch_function_mode_enabled()
                 or torch._C._are_functorch_transforms_active())
+
+
+def _direct(tensors: tuple) -> bool:
+    """Whether a forward on `tensors` may skip the custom op: plain, and no gradient recorded."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return _plain(tensors)
 
 
 def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
@@ -385,3 +394,47 @@ def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: 
         raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output that "
                            "aliases an input; a custom op's outputs must be new tensors")
     return y
+
+
+# ---- eager calls that autograd records -----------------------------------------------------
+# The custom op's autograd (torch.library's generated Function, then the backward op's own
+# dispatch) costs ≈ 30 µs of Python in the forward and ≈ 45 µs in the backward: at the paper's
+# B = 16 that is as long as the kernels at A2 and C1 (bench/NOTES.md, "The op's Python at
+# B = 16"). For plain tensors in eager mode a Function records the same node: the same bodies,
+# the same checks of every result. A backward that builds a graph (create_graph) calls the
+# backward op, whose own autograd formula gives gradients of gradients as before.
+
+
+class _EagerEstimator(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, act, weight, bias, impl: registry.Backend, shape: Shape,
+                save: bool) -> torch.Tensor:
+        y, saved = _run_forward(impl, shape, x, act, weight, bias, save)
+        if torch._C._any_output_is_alias_to_input_or_output((x, act, weight, bias), {}, (y,)):
+            raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output "
+                               "that aliases an input; a custom op's outputs must be new "
+                               "tensors")
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, act, weight, saved)
+        ctx.impl, ctx.empty = impl, _is_empty(shape)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, act, weight, saved = ctx.saved_tensors
+        need_x, need_act, need_weight, need_bias = ctx.needs_input_grad[:4]
+        grads: list[torch.Tensor | None] = [None, None, None]
+        if dy is not None and (need_x or need_act or need_weight):
+            needs = [need_x, need_act, need_weight]
+            if torch.is_grad_enabled():
+                computed = estimator_backward_op(dy, x, act, weight, saved, needs,
+                                                 ctx.impl.name)
+            else:
+                computed = calls.backward(
+                    ctx.impl, tuple(t.contiguous() for t in (dy, x, act, weight)), saved,
+                    (("x", x), ("act", act), ("weight", weight)), needs, ctx.empty)
+            grads = [g if need else None for g, need in zip(computed, needs, strict=True)]
+        dbias = None
+        if dy is not None and need_bias:
+            dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+        return (*grads, dbias, None, None, None)

@@ -8,6 +8,8 @@
 //   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
 //   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
+//   glai_ext::release_cached_results() -> bytes freed of the large results kept for reuse
+//       (gradient_cache.h); glai_ext::cached_result_bytes() -> bytes kept now
 //
 // `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
 // in the computation type (float for half inputs, never rounded to them), else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
@@ -21,6 +23,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "gradient_cache.h"
 #include "task_pool.h"
 
 #include <algorithm>
@@ -35,10 +38,6 @@
 
 #include "cpu/kernels.h"
 #include "glai_ext.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace glai_ext {
 
@@ -77,7 +76,7 @@ namespace {
 // started (task_pool.h); with OpenMP's regions this had to be 256 MFLOP (bench/NOTES.md, "Two
 // threads without waiting for a thread that never started").
 // glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
-std::atomic<int64_t> g_min_flops_per_thread{int64_t{16} << 20};
+std::atomic<int64_t> g_min_flops_per_thread{int64_t{2} << 20};
 
 struct TaskRange {
   glai_cpu::TaskFn fn;
@@ -106,24 +105,6 @@ void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
     return;
   }
   run_tasks(n, threads, fn, ctx);
-}
-
-// Asks the kernel for transparent huge pages under a fresh, not yet touched result (dweight).
-// A new [O, I, P] tensor is fresh memory from the OS on every call, and the kernel writing it
-// takes one page fault per 4 KiB: B1's 210 MB dweight cost 198 ms in 51,000 faults against
-// 26 ms with huge pages (bench/NOTES.md, "Small batch"). Only the 2 MiB-aligned interior is
-// advised; advice changes no value, and failure (no THP, "never") is ignored.
-void advise_huge_pages(const at::Tensor& t) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (!t.defined() || t.nbytes() < 2 * kHuge) return;
-  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t last = (begin + t.nbytes()) & ~(kHuge - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-#else
-  (void)t;
-#endif
 }
 
 // The computation type of a dtype: at::opmath_type (float for half types).
@@ -244,8 +225,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const auto opts = x.options();
     at::Tensor dx = need_x ? at::empty({s.batch, s.inputs}, opts) : at::Tensor();
     at::Tensor dact = need_act ? at::empty({s.batch, s.paths}, opts) : at::Tensor();
-    at::Tensor dw = need_weight ? at::empty({s.outputs, s.inputs, s.paths}, opts) : at::Tensor();
-    advise_huge_pages(dw);
+    at::Tensor dw = need_weight ? glai_cache::empty_result({s.outputs, s.inputs, s.paths}, opts)
+                                : at::Tensor();
     if (need_x || need_act || need_weight) {
       const int status = bf16->backward(bf16_problem(x, act, w, s), bits(dy),
                                         z.defined() ? z.const_data_ptr<float>() : nullptr,
@@ -263,12 +244,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   auto grad = [&](bool need, at::IntArrayRef shape) {
     if (!need) return at::Tensor();
     // the kernels write every element; an empty problem's gradients are sums of nothing
-    return empty_problem(s) ? at::zeros(shape, opts) : at::empty(shape, opts);
+    return empty_problem(s) ? at::zeros(shape, opts) : glai_cache::empty_result(shape, opts);
   };
   at::Tensor dx = grad(need_x, {s.batch, s.inputs});
   at::Tensor dact = grad(need_act, {s.batch, s.paths});
   at::Tensor dw = grad(need_weight, {s.outputs, s.inputs, s.paths});
-  if (!empty_problem(s)) advise_huge_pages(dw);
   if (!empty_problem(s) && (need_x || need_act || need_weight)) {
     if (x.scalar_type() == at::kDouble) {
       backward_typed<double>(dy, x, act, w, z, s, dx, dact, dw);
@@ -362,6 +342,9 @@ int64_t parallel_threads(int64_t tasks) {
 
 // The FLOPs per thread below which a dense kernel call uses fewer threads; returns the old
 // value (a negative `flops` only reads it).
+int64_t release_cached_results() { return glai_cache::release(); }
+int64_t cached_result_bytes() { return glai_cache::held_bytes(); }
+
 int64_t min_flops_per_thread(int64_t flops) {
   return flops >= 0 ? g_min_flops_per_thread.exchange(flops) : g_min_flops_per_thread.load();
 }
@@ -377,6 +360,8 @@ TORCH_LIBRARY(glai_ext, m) {
   m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
   m.def("parallel_threads(int tasks) -> int", &parallel_threads);
   m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
+  m.def("release_cached_results() -> int", &release_cached_results);
+  m.def("cached_result_bytes() -> int", &cached_result_bytes);
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,12 @@
 
 namespace glai_pool {
 namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 struct Job {
   Task task;
@@ -71,6 +78,7 @@ class Pool {
       }
       job_ = job;
       ++generation_;
+      published_.store(generation_, std::memory_order_release);
     }
     wake_.notify_all();
     work(*job);
@@ -87,6 +95,7 @@ class Pool {
     uint64_t seen = 0;
     for (;;) {
       std::shared_ptr<Job> job;
+      spin_for_next(seen);
       {
         std::unique_lock<std::mutex> guard(lock_);
         wake_.wait(guard, [&] { return generation_ != seen; });
@@ -98,6 +107,24 @@ class Pool {
     }
   }
 
+  // After a job a helper watches for the next one for kSpin before it sleeps: the calls of
+  // a training step come tens of µs apart, and a sleeping helper took longer than that to
+  // wake (at the paper's B = 16 a pass is 25-150 µs; bench/NOTES.md, "Helpers that stay
+  // awake between calls").
+  static constexpr std::chrono::microseconds kSpin{200};
+  void spin_for_next(uint64_t seen) const {
+    if (seen == 0) return;
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (published_.load(std::memory_order_acquire) != seen) return;
+        cpu_relax();
+      }
+      if (std::chrono::steady_clock::now() >= until) return;
+    }
+  }
+
+  std::atomic<uint64_t> published_{0};  // generation_, readable without the lock
   std::mutex lock_;
   std::condition_variable wake_;
   std::shared_ptr<Job> job_;

@@ -1,0 +1,118 @@
+// glai_cache (gradient_cache.h): freed large results kept, by size, for the next backward.
+#include "gradient_cache.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace glai_cache {
+namespace {
+
+constexpr int64_t kMinBytes = int64_t{32} << 20;     // glibc maps every block this large
+constexpr int64_t kMaxHeldBytes = int64_t{1} << 30;  // kept blocks, all sizes together
+constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+
+// Asks for transparent huge pages under [p, p + bytes)'s 2 MiB-aligned interior: one fault
+// per 2 MiB instead of per 4 KiB. Advice changes no value; failure (no THP) is ignored.
+void advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+class Blocks {
+ public:
+  void* take(int64_t bytes) {
+    const std::lock_guard<std::mutex> guard(lock_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->first == bytes) {
+        void* p = it->second;
+        free_.erase(it);
+        held_ -= bytes;
+        return p;
+      }
+    }
+    return nullptr;
+  }
+  void give(void* p, int64_t bytes) {
+    {
+      const std::lock_guard<std::mutex> guard(lock_);
+      if (held_ + bytes <= kMaxHeldBytes) {
+        free_.emplace_back(bytes, p);
+        held_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  int64_t release() {
+    std::vector<std::pair<int64_t, void*>> blocks;
+    {
+      const std::lock_guard<std::mutex> guard(lock_);
+      blocks.swap(free_);
+      held_ = 0;
+    }
+    int64_t bytes = 0;
+    for (const auto& [size, p] : blocks) {
+      bytes += size;
+      std::free(p);
+    }
+    return bytes;
+  }
+  int64_t held() {
+    const std::lock_guard<std::mutex> guard(lock_);
+    return held_;
+  }
+
+ private:
+  std::mutex lock_;
+  std::vector<std::pair<int64_t, void*>> free_;
+  int64_t held_ = 0;
+};
+
+// Never destroyed: a result may be freed after static destructors have run.
+Blocks& blocks() {
+  static auto* b = new Blocks();
+  return *b;
+}
+
+}  // namespace
+
+at::Tensor empty_result(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  int64_t numel = 1;
+  for (const int64_t d : sizes) numel *= d;
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  if (bytes < kMinBytes) {
+    at::Tensor t = at::empty(sizes, options);
+    if (bytes >= static_cast<int64_t>(2 * kHuge)) advise_huge_pages(t.data_ptr(), bytes);
+    return t;
+  }
+  void* p = blocks().take(bytes);
+  if (p == nullptr) {
+    if (posix_memalign(&p, kHuge, static_cast<size_t>(bytes)) != 0) p = nullptr;
+    TORCH_CHECK(p != nullptr, "glai_ext: out of memory for a result of ", bytes, " bytes");
+    advise_huge_pages(p, bytes);
+  }
+  return at::from_blob(
+      p, sizes, [bytes](void* q) { blocks().give(q, bytes); }, options);
+}
+
+int64_t release() { return blocks().release(); }
+
+int64_t held_bytes() { return blocks().held(); }
+
+}  // namespace glai_cache
