@@ -71,10 +71,11 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 
 namespace {
 
-// Work below this many FLOPs per thread stays on fewer threads: ~70 us of one core here.
-// Waking a helper costs a few microseconds, and the pool never waits for one that has not
-// started (task_pool.h); with OpenMP's regions this had to be 256 MFLOP (bench/NOTES.md, "Two
-// threads without waiting for a thread that never started").
+// Work below this many FLOPs per thread stays on fewer threads: ~8 us of one core here.
+// Helpers stay awake between the calls of a step, and the pool never waits for one that has
+// not started (task_pool.h); with OpenMP's regions this had to be 256 MFLOP, with sleeping
+// helpers 16 MFLOP (bench/NOTES.md, "Two threads without waiting for a thread that never
+// started", "The paper's batch at two threads").
 // glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
 std::atomic<int64_t> g_min_flops_per_thread{int64_t{2} << 20};
 

@@ -1,4 +1,5 @@
-// glai_pool::run (task_pool.h): helper threads sleep on a condition variable between jobs.
+// glai_pool::run (task_pool.h): helper threads watch for the next job for a while, then sleep
+// on a condition variable.
 #include "task_pool.h"
 
 #include <unistd.h>
