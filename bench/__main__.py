@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("bench.render", "redraw a finished run's charts and summary.md"),
     "predict": ("bench.predict", "roofline predictions for A100/H100 from datasheet peaks"),
     "cpu-targets": ("bench.cpu_targets", "the C++ extension's CPU targets, in one run"),
+    "kernel-peak": ("bench.kernel_peak", "each cpp kernel's share of the FMA peak beside it"),
     "check-cuda": ("bench.check_cuda", "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
 }
 

@@ -1,0 +1,116 @@
+"""Each `cpp` kernel against the FMA peak measured beside it; exits 1 if one misses the target.
+
+    glai-bench kernel-peak [--head A1] [--batches 256,4096] [--threads 1,2] [--rounds 5]
+                           [--target 0.85]
+
+Issue 15's compute-bound points: the forward, dweight and dx kernels alone (the raw
+`glai_ext` ops, float32, no op layer, autograd or bias), each as a share of the AVX-512 FMA
+peak kernel (`bench.native_peak`), at each thread count. Rounds interleave the peak kernel and
+the three kernels so that clock and load changes land on all of them; a kernel's time is the
+median over rounds of its fastest call in the round, the ceiling the fastest peak sample of
+the whole run at that thread count (a ceiling is the best seen). The suite's passes
+(`glai-bench run`) add the op's Python, autograd and output allocation to these, and judge a
+median against the best peak sample of a long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench import native_peak
+from glai_kernels import extension
+from glai_kernels.paper_heads import PAPER_HEADS
+from reference import make_inputs
+
+PEAK_KERNEL = "avx512_f32"
+KERNELS = ("forward", "dweight", "dx")
+
+
+def fastest(fn: Callable[[], object], min_seconds: float = 0.1, max_calls: int = 50) -> float:
+    """The fastest of several calls (after one warm-up), enough to span min_seconds."""
+    fn()
+    best, spent, calls = float("inf"), 0.0, 0
+    while calls < 3 or (spent < min_seconds and calls < max_calls):
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
+    return best
+
+
+def kernel_calls(head: str, batch: int) -> tuple[dict[str, Callable[[], object]], int]:
+    """The three raw kernels at `head`, `batch` (float32, seeded) and one kernel's FLOPs,
+    2·B·I·P·O (each is one GEMM volume)."""
+    s = PAPER_HEADS[head].shape(batch)
+    data = make_inputs(s.batch, s.inputs, s.paths, s.outputs, seed=1)
+    dy = torch.randn(s.batch, s.outputs, generator=torch.Generator().manual_seed(2))
+    ops = torch.ops.glai_ext
+    x, act, w = data.x, data.act, data.weight
+    _, z = ops.forward(x, act, w, True)
+    calls = {
+        "forward": lambda: ops.forward(x, act, w, False),
+        "dweight": lambda: ops.backward(dy, x, act, w, z, False, False, True),
+        "dx": lambda: ops.backward(dy, x, act, w, z, True, False, False),
+    }
+    return calls, s.forward_flops()
+
+
+def shares(head: str, batch: int, threads: int, rounds: int) -> tuple[float, dict[str, float]]:
+    """(peak FLOP/s, {kernel: share of it}) at `threads` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        calls, flops = kernel_calls(head, batch)
+        peaks: list[float] = []
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(rounds):
+            peaks.append(native_peak.fma_rate(PEAK_KERNEL, threads, min_time_s=0.02))
+            for name, fn in calls.items():
+                times[name].append(fastest(fn))
+        peak = max(peaks)
+        return peak, {k: flops / statistics.median(v) / peak for k, v in times.items()}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench kernel-peak",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--head", default="A1", choices=sorted(PAPER_HEADS))
+    parser.add_argument("--batches", default="256,4096")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated thread counts (default: 1 and torch's count)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--target", type=float, default=0.85)
+    args = parser.parse_args(argv)
+    build = extension.build()
+    if build.error is not None:
+        print(f"cpp backend unavailable: {build.error}")
+        return 1
+    if PEAK_KERNEL not in native_peak.available_kernels():
+        print(f"the {PEAK_KERNEL} peak kernel cannot run here: nothing to judge against")
+        return 1
+    threads = ([int(t) for t in args.threads.split(",")] if args.threads
+               else sorted({1, torch.get_num_threads()}))
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"{args.head}, float32, cpp ISA {torch.ops.glai_ext.cpu_isa()}, {args.rounds} rounds; "
+          f"share of the {PEAK_KERNEL} peak (target >= {args.target:.0%})")
+    misses = []
+    for n in threads:
+        for batch in batches:
+            peak, got = shares(args.head, batch, n, args.rounds)
+            row = "  ".join(f"{k} {v:6.1%}" for k, v in got.items())
+            print(f"  {n} thread{'s' if n > 1 else ' '}  B={batch:<5d} peak "
+                  f"{peak / 1e9:5.0f} GFLOP/s  {row}")
+            misses += [f"{k} B={batch} {n}t" for k, v in got.items() if v < args.target]
+    print("all kernels met the target" if not misses else f"MISSED: {', '.join(misses)}")
+    return 0 if not misses else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
