@@ -17,30 +17,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from bench import native_peak
+from bench.cpu_targets import best_time
 from glai_kernels import extension
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
 
 PEAK_KERNEL = "avx512_f32"
 KERNELS = ("forward", "dweight", "dx")
-
-
-def fastest(fn: Callable[[], object], min_seconds: float = 0.1, max_calls: int = 50) -> float:
-    """The fastest of several calls (after one warm-up), enough to span min_seconds."""
-    fn()
-    best, spent, calls = float("inf"), 0.0, 0
-    while calls < 3 or (spent < min_seconds and calls < max_calls):
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
-    return best
 
 
 def kernel_calls(head: str, batch: int) -> tuple[dict[str, Callable[[], object]], int]:
@@ -71,7 +59,7 @@ def shares(head: str, batch: int, threads: int, rounds: int) -> tuple[float, dic
         for _ in range(rounds):
             peaks.append(native_peak.fma_rate(PEAK_KERNEL, threads, min_time_s=0.02))
             for name, fn in calls.items():
-                times[name].append(fastest(fn))
+                times[name].append(best_time(fn, min_seconds=0.1, max_calls=50))
         peak = max(peaks)
         return peak, {k: flops / statistics.median(v) / peak for k, v in times.items()}
     finally:

@@ -53,21 +53,25 @@ def test_direct_forward_is_the_op(backend):
     assert torch.equal(direct, through_op)
 
 
-def test_direct_forward_still_refuses_an_aliasing_output():
-    """A backend returning a view of its input is refused on the direct path as by the op."""
+@pytest.fixture
+def aliasing_backend():
+    """A backend whose forward returns a view of its input x."""
     def aliasing(x, act, weight):
         return x[:, : weight.shape[0]]
 
     registry.register(registry.Backend(name="aliasing", forward=aliasing, backward=aliasing,
                                        devices=("cpu",), description="test backend"))
-    try:
-        x, act, weight, _ = _inputs((4, 6, 3, 6))
-        with torch.no_grad(), pytest.raises(RuntimeError, match="alias"):
-            glai_kernels.estimator(x, act, weight, backend="aliasing")
-        with pytest.raises(RuntimeError, match="alias"):
-            estimator_op(x, act, weight, None, "aliasing", False)
-    finally:
-        registry.unregister("aliasing")
+    yield "aliasing"
+    registry.unregister("aliasing")
+
+
+def test_direct_forward_still_refuses_an_aliasing_output(aliasing_backend):
+    """A backend returning a view of its input is refused on the direct path as by the op."""
+    x, act, weight, _ = _inputs((4, 6, 3, 6))
+    with torch.no_grad(), pytest.raises(RuntimeError, match="alias"):
+        glai_kernels.estimator(x, act, weight, backend=aliasing_backend)
+    with pytest.raises(RuntimeError, match="alias"):
+        estimator_op(x, act, weight, None, aliasing_backend, False)
 
 
 @pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
@@ -94,18 +98,10 @@ def test_eager_autograd_is_the_op(backend):
         assert torch.equal(eager, op)
 
 
-def test_eager_autograd_refuses_an_aliasing_output():
-    def aliasing(x, act, weight):
-        return x[:, : weight.shape[0]]
-
-    registry.register(registry.Backend(name="aliasing", forward=aliasing, backward=aliasing,
-                                       devices=("cpu",), description="test backend"))
-    try:
-        x, act, weight, _ = _inputs((4, 6, 3, 6))
-        with pytest.raises(RuntimeError, match="alias"):
-            glai_kernels.estimator(x, act, weight.requires_grad_(True), backend="aliasing")
-    finally:
-        registry.unregister("aliasing")
+def test_eager_autograd_refuses_an_aliasing_output(aliasing_backend):
+    x, act, weight, _ = _inputs((4, 6, 3, 6))
+    with pytest.raises(RuntimeError, match="alias"):
+        glai_kernels.estimator(x, act, weight.requires_grad_(True), backend=aliasing_backend)
 
 
 def test_direct_forward_keeps_the_input_checks():
