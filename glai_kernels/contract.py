@@ -159,3 +159,8 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision inputs accumulate in float32 (docs/ARCHITECTURE.md §1); others in their own
     dtype."""
     return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def bias_gradient(dy: torch.Tensor) -> torch.Tensor:
+    """dbias [O] = sum over b of dy [B, O], accumulated as the op accumulates, in dy's dtype."""
+    return dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from glai_kernels import calls, dispatch, registry
-from glai_kernels.contract import Shape, accumulation_dtype, check_inputs
+from glai_kernels.contract import Shape, accumulation_dtype, bias_gradient, check_inputs
 
 # Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
 AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -195,7 +195,7 @@ def _backward(ctx, dy, _dsaved):
         dact = gact if need_act else None
         dweight = gweight if need_weight else None
     if need_bias:
-        dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+        dbias = bias_gradient(dy)
     return dx, dact, dweight, dbias, None, None
 
 
@@ -389,18 +389,23 @@ def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: 
     """`estimator_op(...)[0]` without the op: its body, and the check the op makes that a
     result does not alias an input."""
     y, _ = _run_forward(impl, shape, x, act, weight, bias, False)
-    # the check torch.library makes of a custom op's outputs (the same C++ function)
-    if torch._C._any_output_is_alias_to_input_or_output((x, act, weight, bias), {}, (y,)):
+    _refuse_aliasing(impl, (x, act, weight, bias), y)
+    return y
+
+
+def _refuse_aliasing(impl: registry.Backend, inputs: tuple, y: torch.Tensor) -> None:
+    """The check torch.library makes of a custom op's outputs (the same C++ function): a
+    result may not alias an input."""
+    if torch._C._any_output_is_alias_to_input_or_output(inputs, {}, (y,)):
         raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output that "
                            "aliases an input; a custom op's outputs must be new tensors")
-    return y
 
 
 # ---- eager calls that autograd records -----------------------------------------------------
 # The custom op's autograd (torch.library's generated Function, then the backward op's own
-# dispatch) costs ≈ 30 µs of Python in the forward and ≈ 45 µs in the backward: at the paper's
-# B = 16 that is as long as the kernels at A2 and C1 (bench/NOTES.md, "The op's Python at
-# B = 16"). For plain tensors in eager mode a Function records the same node: the same bodies,
+# dispatch) cost ≈ 17 µs of Python in the forward and ≈ 47 µs in the backward: at the paper's
+# B = 16 as long as the kernels at A2 and C1 (bench/NOTES.md, "The paper's batch at two
+# threads"). For plain tensors in eager mode a Function records the same node: the same bodies,
 # the same checks of every result. A backward that builds a graph (create_graph) calls the
 # backward op, whose own autograd formula gives gradients of gradients as before.
 
@@ -410,10 +415,7 @@ class _EagerEstimator(torch.autograd.Function):
     def forward(ctx, x, act, weight, bias, impl: registry.Backend, shape: Shape,
                 save: bool) -> torch.Tensor:
         y, saved = _run_forward(impl, shape, x, act, weight, bias, save)
-        if torch._C._any_output_is_alias_to_input_or_output((x, act, weight, bias), {}, (y,)):
-            raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output "
-                               "that aliases an input; a custom op's outputs must be new "
-                               "tensors")
+        _refuse_aliasing(impl, (x, act, weight, bias), y)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, act, weight, saved)
         ctx.impl, ctx.empty = impl, _is_empty(shape)
@@ -436,5 +438,5 @@ class _EagerEstimator(torch.autograd.Function):
             grads = [g if need else None for g, need in zip(computed, needs, strict=True)]
         dbias = None
         if dy is not None and need_bias:
-            dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+            dbias = bias_gradient(dy)
         return (*grads, dbias, None, None, None)

@@ -341,11 +341,11 @@ int64_t parallel_threads(int64_t tasks) {
   return seen;
 }
 
-// The FLOPs per thread below which a dense kernel call uses fewer threads; returns the old
-// value (a negative `flops` only reads it).
 int64_t release_cached_results() { return glai_cache::release(); }
 int64_t cached_result_bytes() { return glai_cache::held_bytes(); }
 
+// The FLOPs per thread below which a dense kernel call uses fewer threads; returns the old
+// value (a negative `flops` only reads it).
 int64_t min_flops_per_thread(int64_t flops) {
   return flops >= 0 ? g_min_flops_per_thread.exchange(flops) : g_min_flops_per_thread.load();
 }

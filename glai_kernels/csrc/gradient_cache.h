@@ -3,7 +3,7 @@
 // A tensor of 32 MiB or more is fresh memory from the OS on every allocation (glibc maps it
 // and unmaps it on free), so the kernels writing B1's 210 MB dweight first paid the kernel's
 // page faults and its zeroing of every page: 8 of the 14 ms of B1's dweight at B = 16 on two
-// threads (bench/NOTES.md, "A gradient block kept between steps"). In training the gradient is
+// threads (bench/NOTES.md, "The paper's batch at two threads"). In training the gradient is
 // freed each step (zero_grad, or the caller dropping it) and the next backward asks for the
 // same size again: this keeps freed blocks of those sizes (at most kMaxHeldBytes in all) and
 // hands them back, already faulted in, with transparent huge pages asked for. Values are never

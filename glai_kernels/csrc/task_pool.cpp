@@ -109,9 +109,9 @@ class Pool {
   }
 
   // After a job a helper watches for the next one for kSpin before it sleeps: the calls of
-  // a training step come tens of µs apart, and a sleeping helper took longer than that to
-  // wake (at the paper's B = 16 a pass is 25-150 µs; bench/NOTES.md, "Helpers that stay
-  // awake between calls").
+  // a training step come tens of µs apart, and a sleeping helper took about as long as a
+  // whole pass to wake (at the paper's B = 16 a pass is 25-150 µs; bench/NOTES.md, "The
+  // paper's batch at two threads").
   static constexpr std::chrono::microseconds kSpin{200};
   void spin_for_next(uint64_t seen) const {
     if (seen == 0) return;

@@ -17,7 +17,7 @@ import os
 import torch
 
 from glai_kernels import calls
-from glai_kernels.contract import accumulation_dtype
+from glai_kernels.contract import accumulation_dtype, bias_gradient
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
@@ -122,7 +122,7 @@ def _backward(ctx, dy, _dsaved):
         dact = gact if need_act else None
         dvalues = gvalues if need_values else None
     if need_bias:
-        dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+        dbias = bias_gradient(dy)
     return dx, dact, dvalues, no_index_grads, dbias, None, None
 
 
@@ -236,7 +236,7 @@ class _EagerSparse(torch.autograd.Function):
                                     wanted, _is_empty(ctx.shape))
         dbias = None
         if ctx.needs_input_grad[3]:
-            dbias = dy.sum(0, dtype=accumulation_dtype(dy.dtype)).to(dy.dtype)
+            dbias = bias_gradient(dy)
         return (*grads, dbias, None, None, None, None)
 
 
