@@ -5,9 +5,11 @@ ones do.
   op.py, `_direct`): same result bits, same checks, and still refuses an aliasing output;
 - with gradients, eager calls on plain tensors record a Function (`_EagerEstimator`) instead of
   the custom op's autograd: the same output and gradient bits, double backward included;
-- the cpp dx kernel's tall tile, taken when B fits one vector (24 rows of i at a time with
-  AVX-512, 12 otherwise), on every instruction set and on shapes whose I is not a multiple
-  of the tile;
+- the cpp dx kernel's two small-batch forms, taken when B fits one vector: with AVX-512 and a
+  weight of at most 16 MiB, dot products along s (tiles of 4 rows of b by 6 of i, the weight
+  read o_chunk o's at a time, lanes summed by a shuffle tree); otherwise the tall tile (24
+  rows of i at a time with AVX-512, 12 otherwise); on every instruction set, on shapes whose
+  B, I and P are not multiples of the tiles and whose O spans several o chunks;
 - the torch backend's dx at B <= P (batched GEMMs on weight in place, no transposed copy).
 """
 
@@ -22,9 +24,11 @@ from glai_kernels.backends.torch import torch_backward
 from glai_kernels.op import estimator_op
 
 # (B, I, P, O): B within one float32 vector of AVX-512 (16) or AVX2 (8); I around the tall
-# tile (24 and 12 rows), with remainders; P with and without a partial vector
+# tile (24 and 12 rows) and the form along s (6 rows), with remainders; P with and without a
+# partial vector; O past one chunk of the form along s (1 + 16 KiB / (24 P) o's: 21 at P = 33,
+# 98 at P = 7)
 SHAPES = [(16, 385, 128, 3), (16, 47, 33, 5), (8, 24, 16, 2), (5, 100, 7, 4), (12, 73, 64, 3),
-          (1, 30, 5, 1), (3, 12, 17, 2)]
+          (1, 30, 5, 1), (3, 12, 17, 2), (13, 47, 33, 23), (7, 13, 7, 100)]
 
 
 def _inputs(shape, dtype=torch.float32, seed=0):
@@ -114,6 +118,21 @@ def test_direct_forward_keeps_the_input_checks():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_cpp_dx_at_small_batch(isa, shape, dtype):
     x, act, weight, dy = _inputs(shape, dtype)
+    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
+                                     True, False, False)[0]
+    ref = _dx64(dy, act, weight)
+    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
+    assert (dx.double() - ref).abs().max() <= bound
+
+
+@pytest.mark.parametrize("dtype, shape", [(torch.float32, (16, 2050, 2050, 1)),
+                                          (torch.float64, (8, 1450, 1451, 1))],
+                         ids=["f32", "f64"])
+def test_cpp_dx_at_small_batch_past_16_mib(isa, dtype, shape):
+    """A weight over 16 MiB at B within one vector takes the tall tile on every instruction
+    set (AVX-512 included): still the float64 reference."""
+    x, act, weight, dy = _inputs(shape, dtype)
+    assert weight.numel() * weight.element_size() > 16 << 20
     dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
                                      True, False, False)[0]
     ref = _dx64(dy, act, weight)
