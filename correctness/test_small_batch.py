@@ -10,6 +10,8 @@ ones do.
   read o_chunk o's at a time, lanes summed by a shuffle tree); otherwise the tall tile (24
   rows of i at a time with AVX-512, 12 otherwise); on every instruction set, on shapes whose
   B, I and P are not multiples of the tiles and whose O spans several o chunks;
+- the cpp forward's short last row block (at most 4 rows, B = 16's third) computed with a
+  4-row tile: the same bits, y and Z, as the same rows inside a batch of full 6-row blocks;
 - the torch backend's dx at B <= P (batched GEMMs on weight in place, no transposed copy).
 """
 
@@ -138,6 +140,22 @@ def test_cpp_dx_at_small_batch_past_16_mib(isa, dtype, shape):
     ref = _dx64(dy, act, weight)
     bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
     assert (dx.double() - ref).abs().max() <= bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [16, 4, 1])
+def test_cpp_forward_short_last_block_same_bits(isa, batch, dtype):
+    """B = 16, 4 and 1 end in a block of 4, 4 and 1 rows (the short tile); the same rows in a
+    batch of 18 (three full blocks) give y and Z bit for bit, and y matches float64."""
+    x, act, weight, _ = _inputs((18, 37, 83, 3), dtype)
+    y_full, z_full = torch.ops.glai_ext.forward(x, act, weight, True)
+    rows = slice(18 - batch, 18)  # the last rows: in the short block at B = batch
+    y, z = torch.ops.glai_ext.forward(x[rows].contiguous(), act[rows].contiguous(), weight,
+                                      True)
+    assert torch.equal(y, y_full[rows]) and torch.equal(z, z_full[rows])
+    ref = torch.einsum("bi,bs,ois->bo", x[rows].double(), act[rows].double(), weight.double())
+    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
+    assert (y.double() - ref).abs().max() <= bound
 
 
 @pytest.mark.parametrize("shape", [(16, 385, 128, 3), (4, 30, 5, 2), (8, 10, 8, 3)])
