@@ -4,7 +4,9 @@ ones do.
 - `estimator()` under no_grad runs the forward's body without the custom op (glai_kernels/
   op.py, `_direct`): same result bits, same checks, and still refuses an aliasing output;
 - with gradients, eager calls on plain tensors record a Function (`_EagerEstimator`) instead of
-  the custom op's autograd: the same output and gradient bits, double backward included;
+  the custom op's autograd, or the backend's own node (`Backend.eager`: cpp's C++ node,
+  csrc/eager_autograd.cpp): the same output and gradient bits, double backward included, for
+  every dtype, every subset of gradients, with and without bias;
 - the cpp dx kernel's two small-batch forms, taken when B fits one vector: with AVX-512 and a
   weight of at most 16 MiB, dot products along s (tiles of 4 rows of b by 6 of i, the weight
   read o_chunk o's at a time, lanes summed by a shuffle tree); otherwise the tall tile (24
@@ -80,6 +82,11 @@ def test_direct_forward_still_refuses_an_aliasing_output(aliasing_backend):
         estimator_op(x, act, weight, None, aliasing_backend, False)
 
 
+# the node an eager call records: op.py's Function, or the backend's own (Backend.eager)
+_EAGER_NODE = {"einsum": "_EagerEstimatorBackward", "torch": "_EagerEstimatorBackward",
+               "cpp": "EagerEstimator>"}
+
+
 @pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
 def test_eager_autograd_is_the_op(backend):
     """With gradients, estimator() records the eager Function and gives the custom op's
@@ -95,13 +102,56 @@ def test_eager_autograd_is_the_op(backend):
             y = estimator_op(*leaves, backend, True)[0]
         else:
             y = glai_kernels.estimator(*leaves, backend=backend)
-            assert type(y.grad_fn).__name__ == "_EagerEstimatorBackward"
+            assert y.grad_fn.name().endswith(_EAGER_NODE[backend])
         grads = torch.autograd.grad(y, leaves, dy, create_graph=True)
         second = torch.autograd.grad(grads[2].square().sum(), leaves[:2])
         return [y, *grads, *second]
 
     for eager, op in zip(run(False), run(True), strict=True):
         assert torch.equal(eager, op)
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("wanted", [(0,), (1,), (2,), (0, 1, 2)], ids=["x", "act", "w", "all"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["f32", "f64", "bf16"])
+def test_cpp_eager_node_is_the_op(dtype, wanted, with_bias):
+    """cpp's C++ node gives the custom op's output and gradients bit for bit whichever inputs
+    need gradients (act's decides whether Z is kept), with and without bias, and leaves its
+    inputs as they were."""
+    if registry.get("cpp").unsupported_reason("cpu", dtype) is not None:
+        pytest.skip("cpp is unavailable here")
+    x, act, weight, dy = _inputs((13, 29, 19, 3), dtype, seed=5)
+    bias = torch.randn(3, dtype=dtype) if with_bias else None
+    before = [t.clone() for t in (x, act, weight)]
+
+    def run(through_op: bool):
+        leaves = [t.detach().requires_grad_(k in wanted or (k == 3 and with_bias))
+                  for k, t in enumerate((x, act, weight, bias)) if t is not None]
+        inputs = [*leaves, None] if bias is None else leaves
+        if through_op:
+            y = estimator_op(*inputs, "cpp", act.requires_grad or 1 in wanted)[0]
+        else:
+            y = glai_kernels.estimator(*inputs, backend="cpp")
+            assert y.grad_fn.name().endswith(_EAGER_NODE["cpp"])
+        asked = [t for t in leaves if t.requires_grad]
+        return [y, *torch.autograd.grad(y, asked, dy)]
+
+    for eager, op in zip(run(False), run(True), strict=True):
+        assert eager.dtype == op.dtype and torch.equal(eager, op)
+    assert all(torch.equal(t, b) for t, b in zip((x, act, weight), before, strict=True))
+
+
+def test_cpp_eager_node_sees_a_saved_input_modified():
+    """The C++ node saves its inputs as autograd does: one changed in place after the forward
+    makes the backward fail instead of using the new values."""
+    x, act, weight, dy = _inputs((4, 6, 5, 2))
+    weight.requires_grad_(True)
+    y = glai_kernels.estimator(x, act, weight, backend="cpp")
+    with torch.no_grad():
+        x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, [weight], dy)
 
 
 def test_eager_autograd_refuses_an_aliasing_output(aliasing_backend):

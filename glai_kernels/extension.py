@@ -70,6 +70,7 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 def cpu_sources() -> list[Path]:
     return [CSRC / "glai_ext.cpp", CSRC / "task_pool.cpp", CSRC / "gradient_cache.cpp",
+            CSRC / "eager_autograd.cpp",
             CSRC / "cpu" / "cpu_dispatch.cpp",
             CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
@@ -395,6 +396,14 @@ def run_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | Non
     """glai_ext::linear: a frozen layer on CPU, x [B, I] @ weight_t [I, N] + bias [N] ->
     [B, N] (float32/float64), or its 0/1 gates [> 0] in x's dtype when `gates`."""
     return torch.ops.glai_ext.linear(x, weight_t, bias, gates)
+
+
+def run_eager(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None, save: bool, backend: str) -> torch.Tensor:
+    """glai_ext::estimator_eager: y [B, O] = the forward + bias, recorded by autograd as one
+    C++ node whose backward runs glai_ext::backward (the backward op `backend` names when it
+    builds a graph); Z kept for it when `save`."""
+    return torch.ops.glai_ext.estimator_eager(x, act, weight, bias, save, backend)
 
 
 def run_backward(

@@ -348,6 +348,8 @@ def estimator(
         if dtype is None and _plain((x, act, weight, bias)):
             impl = registry.resolve(backend, x.device, x.dtype, call)
             save = act.requires_grad
+            if impl.eager is not None and not _is_empty(shape):
+                return impl.eager(x, act, weight, bias, save)
             return _EagerEstimator.apply(x, act, weight, bias, impl, shape, save)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
         name = _resolved(backend, x.device, x.dtype, call)

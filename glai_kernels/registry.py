@@ -44,6 +44,14 @@ ForwardSavingFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
 """(x, act, weight) -> (y, saved): a forward that also keeps a tensor which makes the
 backward cheaper when act needs a gradient (as aten's layer norm keeps its statistics)."""
 
+EagerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool],
+                  torch.Tensor]
+"""(x, act, weight, bias, save) -> y [B, O] with the backend's own autograd node: optional, for
+eager calls on plain tensors that need gradients (glai_kernels/op.py), where a node in C++
+costs less than op.py's Python Function. Inputs as ForwardFn's, bias [O] or None, `save` as
+for `forward_saving`. Its output, gradients and gradients of gradients must be the custom
+op's bit for bit (correctness/test_small_batch.py), its results new tensors."""
+
 WorkspaceFn = Callable[[Shape, bool, frozenset[str]], int]
 """(shape, forward, grads) -> elements of intermediates one call keeps alive at its peak,
 beyond its inputs and results: a forward when `forward` is true (`grads` says which
@@ -70,7 +78,8 @@ class Backend:
     `baseline` marks the one backend of an op that benchmarks time every other against in the
     same run (the dense op's is `einsum`, the paper's Listing 1). `workspace` estimates its
     intermediates (see `WorkspaceFn`) so a benchmark can skip a case that would not fit;
-    None means fused: no intermediate larger than its results.
+    None means fused: no intermediate larger than its results. `eager` (see `EagerFn`)
+    records its own autograd node for eager calls instead of op.py's Python Function.
     """
 
     name: str
@@ -85,6 +94,7 @@ class Backend:
     saved_shape: Callable[[Shape], tuple[int, ...]] | None = None
     baseline: bool = False
     workspace: WorkspaceFn | None = None
+    eager: EagerFn | None = None
     op: str = field(default="", compare=False)  # set by the registry it is registered in
 
     def unsupported_reason(self, device_type: str, dtype: torch.dtype | None = None) -> str | None:

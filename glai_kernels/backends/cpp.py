@@ -41,6 +41,12 @@ def cpp_backward(
     return extension.run_backward(dy, x, act, weight, needs, saved)
 
 
+def cpp_eager(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None, save: bool) -> torch.Tensor:
+    """y [B, O] recorded by autograd as one C++ node (csrc/eager_autograd.cpp)."""
+    return extension.run_eager(x, act, weight, bias, save, "cpp")
+
+
 def cpp_auto_priority() -> dict[str, int]:
     """Above `torch` (10) on CPUs with AVX2 or AVX-512, where the float32 kernels measured 1.4x
     and 3.3x its forward+backward (bench/NOTES.md; float64, float16 and, with AVX512_BF16,
@@ -72,4 +78,5 @@ register(Backend(
     auto_priority=cpp_auto_priority(),
     availability=extension.cpu_availability,
     workspace=_workspace,
+    eager=cpp_eager,
 ))
