@@ -48,9 +48,10 @@ EagerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | Non
                   torch.Tensor]
 """(x, act, weight, bias, save) -> y [B, O] with the backend's own autograd node: optional, for
 eager calls on plain tensors that need gradients (glai_kernels/op.py), where a node in C++
-costs less than op.py's Python Function. Inputs as ForwardFn's, bias [O] or None, `save` as
-for `forward_saving`. Its output, gradients and gradients of gradients must be the custom
-op's bit for bit (correctness/test_small_batch.py), its results new tensors."""
+costs less than op.py's Python Function. Inputs checked and non-empty as ForwardFn's, but as
+the caller gave them (possibly not contiguous); bias [O] or None; `save` as for
+`forward_saving`. Its output, gradients and gradients of gradients must be the custom op's
+bit for bit (correctness/test_small_batch.py), its results new tensors."""
 
 WorkspaceFn = Callable[[Shape, bool, frozenset[str]], int]
 """(shape, forward, grads) -> elements of intermediates one call keeps alive at its peak,
