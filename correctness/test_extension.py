@@ -320,7 +320,22 @@ def all_calls_parallel():
     torch.ops.glai_ext.min_flops_per_thread(previous)
 
 
-def test_threads_follow_torch_set_num_threads(built, restore_threads):
+@pytest.fixture(params=["openmp", "pool"])
+def runner(request, built):
+    """Who runs the kernels' tasks besides the caller: torch's OpenMP team or the pool's own
+    helpers (csrc/task_pool.h); restored afterwards."""
+    previous = torch.ops.glai_ext.cpu_runner()
+    torch.ops.glai_ext.cpu_runner(request.param)
+    yield request.param
+    torch.ops.glai_ext.cpu_runner(previous)
+
+
+def test_unknown_runner_is_refused(built):
+    with pytest.raises(RuntimeError, match="runner must be"):
+        torch.ops.glai_ext.cpu_runner("tbb")
+
+
+def test_threads_follow_torch_set_num_threads(built, restore_threads, runner):
     # parallel_threads also checks that each of the 64 tasks ran exactly once
     torch.set_num_threads(1)
     assert torch.ops.glai_ext.parallel_threads(64) == 1
@@ -331,11 +346,11 @@ def test_threads_follow_torch_set_num_threads(built, restore_threads):
 
 
 def _threads_in_a_forked_child(queue) -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(2)  # the runner is the parent's: the child inherits its setting
     queue.put(torch.ops.glai_ext.parallel_threads(16))
 
 
-def test_the_task_pool_works_in_a_forked_child(built, restore_threads):
+def test_the_task_pool_works_in_a_forked_child(built, restore_threads, runner):
     """A child forked after the parent's pool started has none of its threads: it must start
     its own, not wait for the parent's."""
     torch.set_num_threads(2)
@@ -363,7 +378,7 @@ def test_one_openmp_runtime_is_loaded(built):
 @pytest.mark.parametrize("batch", [50, 300])  # 300: dweight's two chunks of b
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_calls_parallel,
-                                                  dtype, batch):
+                                                  runner, dtype, batch):
     data = make_inputs(batch, 23, 70, 9, seed=7, dtype=dtype)
     dy = torch.randn(batch, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
 

@@ -6,6 +6,7 @@
 //   glai_ext::linear(x [B, I], weight_t [I, N], bias [N]?, gates) -> [B, N]: a frozen layer
 //       (x weight_t + bias, or its 0/1 gates when `gates`), float32/float64, CPU only
 //   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
+//   glai_ext::cpu_runner(name="") -> who runs the kernels' tasks: "pool" or "openmp"
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
 //   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
 //   glai_ext::release_cached_results() -> bytes freed of the large results kept for reuse
@@ -72,10 +73,10 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 namespace {
 
 // Work below this many FLOPs per thread stays on fewer threads: ~8 us of one core here.
-// Helpers stay awake between the calls of a step, and the pool never waits for one that has
-// not started (task_pool.h); with OpenMP's regions this had to be 256 MFLOP, with sleeping
-// helpers 16 MFLOP (bench/NOTES.md, "Two threads without waiting for a thread that never
-// started", "The paper's batch at two threads").
+// Tasks are claimed from a shared counter, so a helper that starts late holds no work
+// (task_pool.h); with OpenMP regions of one static chunk per thread this had to be 256 MFLOP,
+// with the pool's sleeping helpers 16 MFLOP (bench/NOTES.md, "Two threads without waiting for
+// a thread that never started", "The paper's batch at two threads").
 // glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
 std::atomic<int64_t> g_min_flops_per_thread{int64_t{2} << 20};
 
@@ -307,6 +308,13 @@ at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in,
   return out;
 }
 
+std::string cpu_runner(const std::string& name) {
+  if (name == "pool") glai_pool::select_runner(glai_pool::Runner::kPool);
+  else if (name == "openmp") glai_pool::select_runner(glai_pool::Runner::kOpenMP);
+  else TORCH_CHECK(name.empty(), "glai_ext: runner must be 'pool' or 'openmp', got '", name, "'");
+  return glai_pool::runner() == glai_pool::Runner::kPool ? "pool" : "openmp";
+}
+
 std::string cpu_isa(const std::string& name) {
   if (!name.empty()) {
     TORCH_CHECK(glai_cpu::select_isa(name.c_str()), "glai_ext: CPU instruction set '", name,
@@ -359,6 +367,7 @@ TORCH_LIBRARY(glai_ext, m) {
       "bool need_act, bool need_weight) -> (Tensor, Tensor, Tensor)");
   m.def("linear(Tensor x, Tensor weight_t, Tensor? bias, bool gates) -> Tensor");
   m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
+  m.def("cpu_runner(str name=\"\") -> str", &cpu_runner);
   m.def("parallel_threads(int tasks) -> int", &parallel_threads);
   m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
   m.def("release_cached_results() -> int", &release_cached_results);

@@ -2,12 +2,15 @@
 // on a condition variable.
 #include "task_pool.h"
 
+#include <ATen/Parallel.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -133,12 +136,43 @@ class Pool {
   int started_ = 0;
 };
 
+// The same job on torch's OpenMP team: one region of helpers + 1 threads, each claiming
+// tasks from a shared counter until none is left (the region's end waits for its threads).
+int run_on_openmp(int64_t n, int helpers, Task task, void* ctx) {
+  std::atomic<int64_t> next{0};
+  std::atomic<int> runners{0};
+  at::parallel_for(0, helpers + 1, 1, [&](int64_t, int64_t) {
+    int64_t t = next.fetch_add(1, std::memory_order_relaxed);
+    if (t < n) runners.fetch_add(1, std::memory_order_relaxed);
+    for (; t < n; t = next.fetch_add(1, std::memory_order_relaxed)) task(ctx, t);
+  });
+  return runners.load();
+}
+
+Runner runner_from_environment() {
+  const char* name = std::getenv("GLAI_KERNELS_RUNNER");
+  if (name != nullptr && std::strcmp(name, "pool") == 0) return Runner::kPool;
+  if (name != nullptr && std::strcmp(name, "openmp") == 0) return Runner::kOpenMP;
+  return kDefaultRunner;
+}
+
+std::atomic<Runner> g_runner{runner_from_environment()};
+const pid_t g_loaded_by = getpid();  // the process that loaded the library
+
 }  // namespace
+
+Runner runner() { return g_runner.load(); }
+void select_runner(Runner r) { g_runner.store(r); }
 
 int run(int64_t n, int helpers, Task task, void* ctx) {
   if (helpers <= 0 || n <= 1) {
     for (int64_t t = 0; t < n; ++t) task(ctx, t);
     return n > 0 ? 1 : 0;
+  }
+  if (g_runner.load() == Runner::kOpenMP) {
+    // GNU OpenMP's team does not survive fork(): a child of a process that used it hangs in
+    // its first region, so a forked child runs its jobs on a pool of its own (below)
+    if (getpid() == g_loaded_by) return run_on_openmp(n, helpers, task, ctx);
   }
   // a forked child has the parent's pool object but none of its threads (nor, maybe, a
   // usable lock): it starts a pool of its own, the old one left as it is

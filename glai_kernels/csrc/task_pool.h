@@ -1,12 +1,15 @@
-// A task runner for the CPU kernels whose end waits for tasks, not for threads.
+// A task runner for the CPU kernels: the caller and its helpers claim tasks one at a time from
+// a shared counter, so a thread that starts late holds no work, and results do not depend on
+// which thread ran a task (each kernel task owns its outputs): the same bits for any thread
+// count or schedule.
 //
-// at::parallel_for (OpenMP) ends a region when every worker has arrived, so a worker the
-// scheduler has not started yet holds the caller back for as long as another process keeps
-// its core: on this shared 2-core machine, milliseconds for a pass of 0.1 ms (bench/NOTES.md,
-// "Small batch", item 4). Here the caller publishes a job, runs tasks from a shared counter
-// itself, and returns once every task is done: a helper that wakes after the counter ran out
-// does nothing, and nothing waits for it. Results do not depend on which thread ran a task
-// (each kernel task owns its outputs), so the same bits for any thread count or schedule.
+// The helpers are torch's OpenMP team by default (one region per job): its workers are awake
+// after torch's own parallel ops and take our tasks at once, measured 8-22% faster per step at
+// the paper's B = 16 than this file's own pool, and no slower at large sizes (bench/NOTES.md,
+// "The kernels' tasks on torch's OpenMP team"). The pool (a caller that returns once every
+// task is done, never waiting for a helper that has not started; helpers that watch for the
+// next job for 200 us) stays for forked children, where GNU OpenMP's team hangs, and on
+// request ($GLAI_KERNELS_RUNNER=pool, glai_ext::cpu_runner).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,14 @@
 namespace glai_pool {
 
 using Task = void (*)(void* ctx, int64_t task);
+
+// Who runs a job's tasks besides the caller: the pool's own helper threads, or torch's OpenMP
+// team (one parallel region; bench/NOTES.md, "The kernels' tasks on torch's OpenMP team").
+// $GLAI_KERNELS_RUNNER ("pool" or "openmp") picks at load; glai_ext::cpu_runner switches.
+enum class Runner { kPool, kOpenMP };
+constexpr Runner kDefaultRunner = Runner::kOpenMP;
+Runner runner();
+void select_runner(Runner r);
 
 // Runs task(ctx, t) once for every t in [0, n), on the calling thread and up to `helpers`
 // pool threads (0: the caller alone). Returns how many distinct threads ran at least one task.
