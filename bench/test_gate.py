@@ -135,6 +135,27 @@ def test_a_machine_wide_slowdown_is_watched_not_failed(baseline):
     assert {"torch", "cpp"} <= set(watched["backend"])
 
 
+def test_a_faster_oracle_at_one_case_is_not_a_regression(baseline):
+    """The oracle twice as fast at one case halves every speedup there while each backend
+    holds its share of the physical ceiling: nothing regressed, nothing fails. A backend whose
+    speedup and share both fall there still fails."""
+    run = fake_run(np.random.default_rng(11), 0.0)
+    head = run["rows"][0]["head"]
+    at_case = [r for r in run["rows"] if r["head"] == head and r["pass"] == "forward"]
+    for row in at_case:
+        if row["backend"] == "einsum":
+            row["roofline_pct"] *= 2
+        else:
+            row["speedup_best"] /= 2
+    assert gate.compare(run, baseline).ok
+    for row in at_case:
+        if row["backend"] == "cpp":
+            row["roofline_pct"] /= 2
+    failed = gate.compare(run, baseline).failed
+    assert set(zip(failed["level"], failed["backend"], failed["head"], strict=True)) == {
+        ("case", "cpp", head)}
+
+
 def test_a_faster_backend_is_not_a_regression(baseline):
     verdict = gate.compare(fake_run(np.random.default_rng(4), 0.03, slow={"cpp": 0.5}),
                            baseline)
