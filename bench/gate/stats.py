@@ -182,14 +182,11 @@ def _confirmed_by_its_share(out: pd.DataFrame) -> pd.Series:
     halved the speedups of torch, compile and cpp at once in three fresh processes while their
     shares held; bench/NOTES.md, 'Regression gate'). True elsewhere."""
     case_key = ["backend", "head", "shape", "dtype", "pass"]
-    shares = out[(out["level"] == "case") & (out["metric"] == "roofline_best_pct")]
-    share_beyond = {tuple(r[k] for k in case_key): bool(r["beyond"]) for _, r in shares.iterrows()}
-    return pd.Series(
-        [not (level == "case" and metric == "speedup_best")
-         or share_beyond.get(tuple(r[k] for k in case_key), True)
-         for (_, r), level, metric in zip(out.iterrows(), out["level"], out["metric"],
-                                          strict=True)],
-        index=out.index)
+    shares = out.loc[(out["level"] == "case") & (out["metric"] == "roofline_best_pct"),
+                     [*case_key, "beyond"]].rename(columns={"beyond": "share_beyond"})
+    share_beyond = out[case_key].merge(shares, on=case_key, how="left")["share_beyond"]
+    case_speedup = (out["level"] == "case") & (out["metric"] == "speedup_best")
+    return ~case_speedup | share_beyond.fillna(True).astype(bool).to_numpy()
 
 
 def _shape_label(row: pd.Series) -> str:

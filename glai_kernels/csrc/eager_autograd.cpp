@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "glai_ext.h"
+
 #include <string>
 #include <tuple>
 #include <vector>
@@ -59,10 +61,6 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
   return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
 }
 
-at::ScalarType accumulation_type(at::ScalarType t) {
-  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
-}
-
 class EagerEstimator : public torch::autograd::Function<EagerEstimator> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& act,
@@ -106,7 +104,7 @@ class EagerEstimator : public torch::autograd::Function<EagerEstimator> {
       }
     }
     if (need_bias)
-      out[3] = dy.sum(0, false, accumulation_type(dy.scalar_type())).to(dy.scalar_type());
+      out[3] = dy.sum(0, false, opmath(dy.scalar_type())).to(dy.scalar_type());
     return out;
   }
 };

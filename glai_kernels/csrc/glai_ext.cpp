@@ -70,6 +70,16 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
               "glai_ext: dy must match x's dtype and device");
 }
 
+// The computation type of a dtype: at::opmath_type (float for half types).
+at::ScalarType opmath(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return at::kDouble;
+    case at::kFloat: return at::kFloat;
+    case at::kHalf: return c10::CppTypeToScalarType<at::opmath_type<at::Half>>::value;
+    default: return c10::CppTypeToScalarType<at::opmath_type<at::BFloat16>>::value;
+  }
+}
+
 namespace {
 
 // Work below this many FLOPs per thread stays on fewer threads: ~8 us of one core here.
@@ -109,15 +119,6 @@ void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
   run_tasks(n, threads, fn, ctx);
 }
 
-// The computation type of a dtype: at::opmath_type (float for half types).
-at::ScalarType opmath(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return at::kDouble;
-    case at::kFloat: return at::kFloat;
-    case at::kHalf: return c10::CppTypeToScalarType<at::opmath_type<at::Half>>::value;
-    default: return c10::CppTypeToScalarType<at::opmath_type<at::BFloat16>>::value;
-  }
-}
 
 // A contiguous tensor in the computation type (a no-op for float and double inputs).
 at::Tensor in_opmath(const at::Tensor& t) { return t.to(opmath(t.scalar_type())).contiguous(); }

@@ -15,5 +15,7 @@ struct Sizes {
 Sizes check_problem(const at::Tensor& x, const at::Tensor& act, const at::Tensor& weight);
 // dy [B, O] of x's dtype and device.
 void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s);
+// The computation (and accumulation) type of a dtype: float for half types, else itself.
+at::ScalarType opmath(at::ScalarType t);
 
 }  // namespace glai_ext
