@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.energy import MIN_WINDOW_S
 from bench.passes import DTYPES
 from bench.sweeps import ALL_PASSES, PRESETS
 
@@ -92,6 +93,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-call", type=float, default=None,
                    help="seconds: a case whose roofline floor exceeds this, or a backend "
                         "whose call takes 3x this, is skipped (default: the preset's)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds: shapes not reached by then are written as skipped, so a "
+                        "run on a short GPU lease still ends with its reports "
+                        "(default: none)")
+    p.add_argument("--energy-window", type=float, default=MIN_WINDOW_S,
+                   help="seconds of back-to-back calls per NVML energy reading; 0 turns "
+                        f"energy off (default: {MIN_WINDOW_S:g})")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.add_argument("--out", type=Path, default=None,
@@ -167,6 +175,8 @@ def run(argv: list[str]) -> int:
                                plots=not args.no_plots, progress=not args.no_progress,
                                threads=args.threads, peer_names=args.peers,
                                install_dispatch=args.install_dispatch,
+                               time_limit_s=args.time_limit,
+                               energy_window_s=args.energy_window,
                                command=" ".join(["glai-bench run", *argv]))
         except ValueError as e:
             print(f"glai-bench run: {e}", file=sys.stderr)

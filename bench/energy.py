@@ -29,9 +29,13 @@ class Energy:
 class EnergyMeter:
     """Reads one CUDA device's energy counter; `reason` says why not when it cannot."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, window_s: float = MIN_WINDOW_S) -> None:
         self.handle = None
         self.reason: str | None = None
+        self.window_s = window_s
+        if window_s <= 0:
+            self.reason = "turned off (an energy window of 0 s)"
+            return
         if device.type != "cuda":
             self.reason = f"no energy counter on {device.type} (NVML covers NVIDIA GPUs only)"
             return
@@ -55,10 +59,12 @@ class EnergyMeter:
         return self.handle is not None
 
     def measure(self, fn: Callable[[], object], per_call_s: float,
-                min_window_s: float = MIN_WINDOW_S) -> Energy | None:
-        """Energy of back-to-back calls of fn over at least `min_window_s`."""
+                min_window_s: float | None = None) -> Energy | None:
+        """Energy of back-to-back calls of fn over at least `min_window_s` (default: the
+        meter's window)."""
         if not self.available:
             return None
+        min_window_s = self.window_s if min_window_s is None else min_window_s
         calls_per_batch = max(1, int(0.1 / max(per_call_s, 1e-7)))
         torch.cuda.synchronize(self.device)
         start_mj, start = self._read(), time.perf_counter()
@@ -84,4 +90,10 @@ def _physical_index(index: int) -> int:
         entries = [v.strip() for v in visible.split(",") if v.strip()]
         if index < len(entries) and entries[index].isdigit():
             return int(entries[index])
+        # GPU UUIDs (as container runtimes set them): torch's own mapping to NVML's numbers,
+        # a private helper, so any failure keeps torch's index
+        try:
+            return int(torch.cuda._get_nvml_device_index(index))
+        except Exception:
+            pass
     return index

@@ -66,6 +66,9 @@ class Context:
     kept_inputs: object = None
     # bench-only peers (bench/peers.py) timed beside the backends, where their sweeps ask
     peers: list[str] = field(default_factory=list)
+    # time.monotonic() after which no further shape is measured (a short lease of a GPU):
+    # the rest are written as skipped, so the run still ends with its reports
+    deadline: float | None = None
 
 
 def select_backends(requested: Sequence[str] | None, device: torch.device,
@@ -314,7 +317,11 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
                             f"P={shape.paths} O={shape.outputs} {dtype_name}"
                             + ("" if mu is None else f" mu={100 * mu:.3g}%"))
         passes = list(dict.fromkeys(p for c in members for p in c.passes))
-        if mu is None:
+        if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+            names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
+            measured = {(p, b): _skip("not measured: the run's time limit was reached")
+                        for p in passes for b in names}
+        elif mu is None:
             measured = measure_shape(ctx, shape, dtype_name, passes,
                                      list(dict.fromkeys(c.sweep for c in members)))
         else:  # a kept-fraction case: its own backends (sparse, dense, the MLP)

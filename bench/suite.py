@@ -19,7 +19,7 @@ import torch
 
 from bench import ceilings as ceilings_mod
 from bench import kept, memory, peers, provenance, results
-from bench.energy import EnergyMeter
+from bench.energy import MIN_WINDOW_S, EnergyMeter
 from bench.passes import dtype_of
 from bench.runner import Context, cases_for, run_cases, select_backends
 from bench.sweeps import PRESETS, Preset
@@ -64,6 +64,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         plots: bool = True, progress: bool = True, seed: int = 0,
         threads: int | None = None, command: str | None = None,
         peer_names: Sequence[str] | None = None, install_dispatch: bool = False,
+        time_limit_s: float | None = None, energy_window_s: float = MIN_WINDOW_S,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
@@ -74,7 +75,10 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     `peer_names` the bench-only peers to time beside the backends (bench/peers.py; default:
     the preset's). With `out_dir`, the run's dispatch table for `auto` is written to
     out_dir/dispatch/ (bench/dispatch_table.py) and, with `install_dispatch`, copied into
-    glai_kernels/dispatch/, which the package ships.
+    glai_kernels/dispatch/, which the package ships. `time_limit_s` bounds the cases'
+    measurement (shapes not reached are written as skipped, so a run on a short GPU lease
+    still writes its reports); `energy_window_s` is each NVML energy reading's window (0:
+    none).
     """
     started = time.perf_counter()
     if threads is not None:
@@ -114,10 +118,14 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         f"{len(cases)} cases, backends {', '.join(names)}"
         + (f", peers {', '.join(peer_run)}" if peer_run else "") + "; measuring ceilings")
     ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
-    meter = EnergyMeter(dev)
+    meter = EnergyMeter(dev, energy_window_s)
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
-                  sparse_backends=sparse_requested or None, peers=peer_run)
+                  sparse_backends=sparse_requested or None, peers=peer_run, deadline=deadline)
     rows = run_cases(ctx, cases, progress=progress)
+    if deadline is not None and time.monotonic() > deadline:
+        log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by then "
+            "are in the results as skipped")
     log("measuring the ceilings again")
     ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
     info["load_average_end"] = provenance.load_average()

@@ -164,6 +164,28 @@ def test_a_case_beyond_the_presets_time_limit_is_skipped():
     assert all("roofline floor" in m["note"] for m in out.values())
 
 
+def test_shapes_past_the_runs_time_limit_are_written_as_skipped(monkeypatch):
+    cases = runner.cases_for(TINY, heads=["A2"], sweeps=["heads"])
+    assert len({c.shape for c in cases}) == 2
+    in_time = runner.run_cases(_ctx(), cases, progress=False)
+    assert {r["status"] for r in in_time} == {"ok"}
+    ctx = _ctx(deadline=time.monotonic() + 3600)
+    measure = runner.measure_shape
+
+    def deadline_passes_during(*args, **kwargs):
+        out = measure(*args, **kwargs)
+        ctx.deadline = time.monotonic() - 1
+        return out
+
+    monkeypatch.setattr(runner, "measure_shape", deadline_passes_during)
+    late = runner.run_cases(ctx, cases, progress=False)
+    assert [(r["batch"], r["pass"], r["backend"]) for r in late] == \
+        [(r["batch"], r["pass"], r["backend"]) for r in in_time]
+    first, second = (r for r in late if r["batch"] == 2), (r for r in late if r["batch"] == 5)
+    assert {r["status"] for r in first} == {"ok"}
+    assert all(r["status"] == "skipped" and "time limit" in r["note"] for r in second)
+
+
 def test_a_backend_too_slow_to_time_is_skipped_after_two_calls():
     calls = []
 
@@ -303,10 +325,11 @@ def test_energy_arithmetic_against_a_fake_nvml(monkeypatch):
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    meter = EnergyMeter(torch.device("cuda", 0))
+    assert "turned off" in EnergyMeter(torch.device("cuda", 0), window_s=0).reason
+    meter = EnergyMeter(torch.device("cuda", 0), window_s=0.2)
     assert meter.available, meter.reason
-    energy = meter.measure(lambda: time.sleep(0.002), per_call_s=0.002, min_window_s=0.2)
-    assert energy.window_s >= 0.2 and energy.calls >= 10
+    energy = meter.measure(lambda: time.sleep(0.002), per_call_s=0.002)
+    assert 0.2 <= energy.window_s < 0.5 and energy.calls >= 10
     assert energy.watts == pytest.approx(250, rel=0.05)
     assert energy.joules_per_call == pytest.approx(250 * energy.window_s / energy.calls, rel=0.05)
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One call on a lent CUDA machine, sized for a short lease: build the extension with its CUDA
+# part, time the paper heads on the GPU (writes the CUDA dispatch table), then run every test
+# whose id names cuda or triton. Each step has its own deadline so that a slow or failing step
+# leaves the others their time; what each step printed, and the run's reports as one archive,
+# land in $OUT (default /tmp/on_gpu).
+#
+#     bash bench/on_gpu.sh            # from the repository root, on the GPU machine
+#     TOTAL_S=560 BENCH_S=250 TEST_MIN_S=170 ENERGY_S=0.1 bash bench/on_gpu.sh   # the defaults
+#
+# Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
+# installs nothing (the repository is imported from the checkout).
+set -u
+OUT=${OUT:-/tmp/on_gpu}
+mkdir -p "$OUT"
+START=$(date +%s)
+TOTAL_S=${TOTAL_S:-560}
+BUILD_S=${BUILD_S:-200}
+BENCH_S=${BENCH_S:-250}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export GLAI_KERNELS_CACHE=${GLAI_KERNELS_CACHE:-/tmp/glai_cache}
+PY=${PY:-python3}
+
+left() { echo $((TOTAL_S - ($(date +%s) - START))); }
+step() { printf '\n== %s (at %ss, %ss left)\n' "$1" $(( $(date +%s) - START )) "$(left)"; }
+
+{
+  step environment
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
+    --format=csv 2>&1
+  nvcc --version 2>&1 | tail -2
+  lscpu 2>/dev/null | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-300
+  "$PY" -c "import torch, triton; p = torch.cuda.get_device_properties(0); \
+print(torch.__version__, torch.version.cuda, triton.__version__, p)"
+} >"$OUT/env.txt" 2>&1
+
+step build | tee -a "$OUT/steps.txt"
+timeout "$BUILD_S" "$PY" - >"$OUT/build.log" 2>&1 <<'EOF'
+import time
+t = time.perf_counter()
+from glai_kernels import extension
+b = extension.build()
+print(f"built in {time.perf_counter() - t:.1f} s: error={b.error} with_cuda={b.with_cuda} "
+      f"cuda_reason={b.cuda_reason}")
+EOF
+echo "build rc=$?" | tee -a "$OUT/steps.txt"
+# a failed build's compiler output is in its cache folder, which does not come back
+cat "$GLAI_KERNELS_CACHE"/*/build.log >>"$OUT/build.log" 2>/dev/null
+timeout 60 "$PY" -m glai_kernels >>"$OUT/build.log" 2>&1
+
+step bench | tee -a "$OUT/steps.txt"
+# the cases stop at BENCH_S less a margin for the closing ceilings, reports and plots
+budget=$(( $(left) - ${TEST_MIN_S:-170} )); [ "$budget" -gt "$BENCH_S" ] && budget=$BENCH_S
+timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
+  --dtypes float32,bfloat16 --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
+  --backends "${BENCH_BACKENDS:-einsum,torch,triton,cuda}" --rounds 3 --min-time 0.05 \
+  --energy-window "${ENERGY_S:-0.1}" --time-limit $(( budget - 40 )) \
+  --out /tmp/bench_cuda --no-progress --no-history >"$OUT/bench.log" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/steps.txt"
+tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda 2>>"$OUT/steps.txt"
+
+step tests | tee -a "$OUT/steps.txt"
+# SIGINT, not SIGTERM: pytest then stops and still prints what failed so far
+budget=$(( $(left) - 10 ))
+timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" \
+  --timeout 120 --tb=short -rfE --benchmark-disable -k "${TEST_K:-cuda or triton}" correctness bench \
+  --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
+echo "tests rc=$?" | tee -a "$OUT/steps.txt"
+
+step done | tee -a "$OUT/steps.txt"
+head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md; tail -40 "$OUT/tests.log"
