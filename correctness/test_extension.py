@@ -81,6 +81,16 @@ def test_cache_directory_names_torch_version_and_source_hash(built):
         f"{torch.__version__}-{extension.cache_key(with_cuda=built.with_cuda)}")
 
 
+def test_every_source_compiles_to_its_own_object_file():
+    """torch's JIT build names each object after its source's file name alone (a .cu file
+    gets .cuda.o), whatever its folder: two sources of one name make ninja refuse the whole
+    CUDA build, as a real GPU machine's first build did."""
+    objects = [s.stem + (".cuda.o" if s.suffix == ".cu" else ".o")
+               for s in extension.cpu_sources() + extension.cuda_sources()]
+    assert len(extension.cuda_sources()) >= 4
+    assert len(set(objects)) == len(objects), sorted(objects)
+
+
 def test_cache_key_follows_the_sources(tmp_path):
     copy = tmp_path / "csrc"
     shutil.copytree(extension.CSRC, copy)

@@ -1,7 +1,7 @@
 """`cuda` (sparse): fused CUDA kernels over the kept-path layout, in the glai_ext extension.
 
 The ops `glai_ext::sparse_forward` / `glai_ext::sparse_backward` (schemas in
-glai_kernels/csrc/sparse_schema.h, CUDA implementation in csrc/cuda/sparse_binding.cpp,
+glai_kernels/csrc/sparse_schema.h, CUDA implementation in csrc/cuda/sparse_cuda_binding.cpp,
 kernels in csrc/cuda/sparse_kernels.cu) walk the layout directly (layout.py):
 
     forward   a block per (output, batch tile): its rows split the output's (o, s) groups,
