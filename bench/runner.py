@@ -167,6 +167,13 @@ def warm_call_s(fn: Callable[[], object], device: torch.device, second_s: float)
     return second_s if second_s >= LONG_WARM_S else _warm(fn, device)[1]
 
 
+TIME_LIMIT_NOTE = "not measured: the run's time limit was reached"
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
 def _skip(note: str) -> Measurement:
     return {"status": "skipped", "note": note}
 
@@ -233,6 +240,9 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str, passes: Sequence[
             reason = _unsupported(b, device, dtype)
             if reason is not None:
                 out[(p, b)] = _skip(f"{b}: {reason}")
+                continue
+            if _past(ctx.deadline):  # one first call may autotune for tens of seconds
+                out[(p, b)] = _skip(TIME_LIMIT_NOTE)
                 continue
             need = _estimate_bytes(b, shape, spec, itemsize) * len(sets)
             if need > budget - oracle_need:
@@ -317,10 +327,9 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
                             f"P={shape.paths} O={shape.outputs} {dtype_name}"
                             + ("" if mu is None else f" mu={100 * mu:.3g}%"))
         passes = list(dict.fromkeys(p for c in members for p in c.passes))
-        if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+        if _past(ctx.deadline):
             names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
-            measured = {(p, b): _skip("not measured: the run's time limit was reached")
-                        for p in passes for b in names}
+            measured = {(p, b): _skip(TIME_LIMIT_NOTE) for p in passes for b in names}
         elif mu is None:
             measured = measure_shape(ctx, shape, dtype_name, passes,
                                      list(dict.fromkeys(c.sweep for c in members)))

@@ -21,6 +21,10 @@ from glai_kernels.paper_heads import PAPER_HEADS
 
 FOCUS_HEAD, FOCUS_BATCH = "A1", 256
 
+# how bench.timing times a call on each device
+_HOW_TIMED = {"cpu": "over interleaved rounds",
+              "cuda": "of CUDA-event-timed calls, each after an L2 flush"}
+
 
 def _cell(row: pd.Series) -> str:
     speedup = row["speedup_vs_baseline"]
@@ -146,12 +150,14 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
         f"# Kernel benchmarks on {p['machine']}",
         "",
         f"`{meta.get('command', 'python -m bench --preset ' + preset['name'])}` on "
-        f"{p['device_name']} ({p['threads']} threads), commit `{p['commit']}`, {p['date']}; "
+        f"{p['device_name']} ({'host: ' if p['device'] != 'cpu' else ''}{p['threads']} "
+        f"threads), commit `{p['commit']}`, {p['date']}; "
         f"{meta['elapsed_s']:.0f} s, load average {p.get('load_average', '?')} at the start "
         f"and {p.get('load_average_end', '?')} at the end. Regenerate with the same command "
         f"(or `nox -s bench -- ARGS`). Preset: {preset['description']}.",
         "",
-        "Every number is a median over interleaved rounds with its interquartile range in "
+        f"Every number is a median {_HOW_TIMED.get(p['device'], _HOW_TIMED['cpu'])}, with its "
+        "interquartile range in "
         f"results.csv; speedups are ratios to the baseline backend ({baseline}) timed in the "
         "same run, and "
         "% of roofline is against ceilings measured in the same run. A backend whose output "

@@ -186,6 +186,24 @@ def test_shapes_past_the_runs_time_limit_are_written_as_skipped(monkeypatch):
     assert all(r["status"] == "skipped" and "time limit" in r["note"] for r in second)
 
 
+def test_backends_past_the_runs_time_limit_are_skipped_within_a_shape(monkeypatch):
+    """A first call may autotune for tens of seconds on a GPU: the limit is checked before
+    each backend too, not only between shapes."""
+    ctx = _ctx(deadline=time.monotonic() + 3600)
+    prepare = runner._prepare
+
+    def deadline_passes_during(*args, **kwargs):
+        out = prepare(*args, **kwargs)
+        ctx.deadline = time.monotonic() - 1
+        return out
+
+    monkeypatch.setattr(runner, "_prepare", deadline_passes_during)
+    out = runner.measure_shape(ctx, Shape(3, 5, 4, 2), "float32", ["forward", "both"])
+    assert out[("forward", FAST[0])]["status"] == "ok"
+    rest = [m for key, m in out.items() if key != ("forward", FAST[0])]
+    assert len(rest) == 3 and all("time limit" in m["note"] for m in rest)
+
+
 def test_a_backend_too_slow_to_time_is_skipped_after_two_calls():
     calls = []
 
