@@ -19,5 +19,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # after the environment above, on purpose
 
+# a time budget and an on-disk failure log for runs in a short GPU lease (off unless asked)
+pytest_plugins = ["bench.lease_plugin"]
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
