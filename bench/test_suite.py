@@ -164,20 +164,26 @@ def test_a_case_beyond_the_presets_time_limit_is_skipped():
     assert all("roofline floor" in m["note"] for m in out.values())
 
 
+def _deadline_passes_after(monkeypatch, step: str) -> runner.Context:
+    """A context whose run's deadline passes once runner.`step` has been called."""
+    ctx = _ctx(deadline=time.monotonic() + 3600)
+    original = getattr(runner, step)
+
+    def then_deadline(*args, **kwargs):
+        out = original(*args, **kwargs)
+        ctx.deadline = time.monotonic() - 1
+        return out
+
+    monkeypatch.setattr(runner, step, then_deadline)
+    return ctx
+
+
 def test_shapes_past_the_runs_time_limit_are_written_as_skipped(monkeypatch):
     cases = runner.cases_for(TINY, heads=["A2"], sweeps=["heads"])
     assert len({c.shape for c in cases}) == 2
     in_time = runner.run_cases(_ctx(), cases, progress=False)
     assert {r["status"] for r in in_time} == {"ok"}
-    ctx = _ctx(deadline=time.monotonic() + 3600)
-    measure = runner.measure_shape
-
-    def deadline_passes_during(*args, **kwargs):
-        out = measure(*args, **kwargs)
-        ctx.deadline = time.monotonic() - 1
-        return out
-
-    monkeypatch.setattr(runner, "measure_shape", deadline_passes_during)
+    ctx = _deadline_passes_after(monkeypatch, "measure_shape")
     late = runner.run_cases(ctx, cases, progress=False)
     assert [(r["batch"], r["pass"], r["backend"]) for r in late] == \
         [(r["batch"], r["pass"], r["backend"]) for r in in_time]
@@ -189,15 +195,7 @@ def test_shapes_past_the_runs_time_limit_are_written_as_skipped(monkeypatch):
 def test_backends_past_the_runs_time_limit_are_skipped_within_a_shape(monkeypatch):
     """A first call may autotune for tens of seconds on a GPU: the limit is checked before
     each backend too, not only between shapes."""
-    ctx = _ctx(deadline=time.monotonic() + 3600)
-    prepare = runner._prepare
-
-    def deadline_passes_during(*args, **kwargs):
-        out = prepare(*args, **kwargs)
-        ctx.deadline = time.monotonic() - 1
-        return out
-
-    monkeypatch.setattr(runner, "_prepare", deadline_passes_during)
+    ctx = _deadline_passes_after(monkeypatch, "_prepare")
     out = runner.measure_shape(ctx, Shape(3, 5, 4, 2), "float32", ["forward", "both"])
     assert out[("forward", FAST[0])]["status"] == "ok"
     rest = [m for key, m in out.items() if key != ("forward", FAST[0])]
