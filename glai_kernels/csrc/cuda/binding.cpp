@@ -14,20 +14,11 @@
 #include <tuple>
 
 #include "cuda/estimator_kernels.cuh"
+#include "cuda/torch_dtype.h"
 #include "glai_ext.h"
 
 namespace glai_ext {
 namespace {
-
-glai_dtype to_glai(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return GLAI_FLOAT32;
-    case at::kDouble: return GLAI_FLOAT64;
-    case at::kHalf: return GLAI_FLOAT16;
-    case at::kBFloat16: return GLAI_BFLOAT16;
-    default: TORCH_CHECK(false, "glai_ext: unsupported dtype ", t);
-  }
-}
 
 const char* product_name(glai_product product) {
   switch (product) {
@@ -43,7 +34,7 @@ glai_problem make_problem(const at::Tensor& x, const at::Tensor& act, const at::
                           const at::Tensor* dy, const Sizes& s) {
   return {x.const_data_ptr(), act.const_data_ptr(), w.const_data_ptr(),
           dy != nullptr ? dy->const_data_ptr() : nullptr,
-          s.batch, s.inputs, s.paths, s.outputs, to_glai(x.scalar_type())};
+          s.batch, s.inputs, s.paths, s.outputs, to_glai(x.scalar_type(), "glai_ext")};
 }
 
 bool empty_problem(const Sizes& s) {

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cuda/sparse_kernels.cuh"
+#include "cuda/torch_dtype.h"
 #include "sparse_schema.h"
 
 namespace glai_ext {
@@ -26,18 +27,6 @@ namespace {
 constexpr std::array<const char*, 10> kIndexFields = {
     "inputs", "group_ptr", "group_outputs", "group_paths", "output_ptr",
     "input_ptr", "input_entries", "entry_groups", "path_ptr", "path_groups"};
-
-glai_dtype to_glai(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return GLAI_FLOAT32;
-    case at::kDouble: return GLAI_FLOAT64;
-    case at::kHalf: return GLAI_FLOAT16;
-    case at::kBFloat16: return GLAI_BFLOAT16;
-    default:
-      TORCH_CHECK(false, "glai_ext sparse: dtype must be float32, float64, float16 or bfloat16, "
-                         "got ", t);
-  }
-}
 
 at::ScalarType accumulation(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -51,7 +40,7 @@ Sparse check(const at::Tensor& x, const at::Tensor& act, const at::Tensor& value
   TORCH_CHECK(x.dim() == 2, "glai_ext sparse: x must be [B, I], got ", x.sizes());
   TORCH_CHECK(act.dim() == 2, "glai_ext sparse: act must be [B, P], got ", act.sizes());
   TORCH_CHECK(values.dim() == 1, "glai_ext sparse: values must be [K], got ", values.sizes());
-  to_glai(x.scalar_type());
+  to_glai(x.scalar_type(), "glai_ext sparse");
   TORCH_CHECK(act.scalar_type() == x.scalar_type() && values.scalar_type() == x.scalar_type(),
               "glai_ext sparse: x, act and values must share a dtype, got ", x.scalar_type(),
               ", ", act.scalar_type(), ", ", values.scalar_type());
@@ -98,7 +87,8 @@ glai_sparse_problem problem(const at::Tensor& xt, const at::Tensor& actt,
   return {xt.const_data_ptr(), actt.const_data_ptr(), values.const_data_ptr(),
           dyt != nullptr ? dyt->const_data_ptr() : nullptr,
           ptr(0), ptr(1), ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7), ptr(8), ptr(9),
-          s.batch, s.inputs, s.paths, s.outputs, s.nnz, s.groups, to_glai(dtype)};
+          s.batch, s.inputs, s.paths, s.outputs, s.nnz, s.groups,
+          to_glai(dtype, "glai_ext sparse")};
 }
 
 // [B, n] -> [n, B] contiguous: the threads of a block run over B.
