@@ -170,7 +170,8 @@ def warm_call_s(fn: Callable[[], object], device: torch.device, second_s: float)
 TIME_LIMIT_NOTE = "not measured: the run's time limit was reached"
 
 
-def _past(deadline: float | None) -> bool:
+def past(deadline: float | None) -> bool:
+    """Whether a run's `deadline` (time.monotonic(), or None: none) has passed."""
     return deadline is not None and time.monotonic() > deadline
 
 
@@ -241,7 +242,7 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str, passes: Sequence[
             if reason is not None:
                 out[(p, b)] = _skip(f"{b}: {reason}")
                 continue
-            if _past(ctx.deadline):  # one first call may autotune for tens of seconds
+            if past(ctx.deadline):  # one first call may autotune for tens of seconds
                 out[(p, b)] = _skip(TIME_LIMIT_NOTE)
                 continue
             need = _estimate_bytes(b, shape, spec, itemsize) * len(sets)
@@ -327,7 +328,7 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[di
                             f"P={shape.paths} O={shape.outputs} {dtype_name}"
                             + ("" if mu is None else f" mu={100 * mu:.3g}%"))
         passes = list(dict.fromkeys(p for c in members for p in c.passes))
-        if _past(ctx.deadline):
+        if past(ctx.deadline):
             names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
             measured = {(p, b): _skip(TIME_LIMIT_NOTE) for p in passes for b in names}
         elif mu is None:

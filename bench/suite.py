@@ -21,7 +21,7 @@ from bench import ceilings as ceilings_mod
 from bench import kept, memory, peers, provenance, results
 from bench.energy import MIN_WINDOW_S, EnergyMeter
 from bench.passes import dtype_of
-from bench.runner import Context, cases_for, run_cases, select_backends
+from bench.runner import Context, cases_for, past, run_cases, select_backends
 from bench.sweeps import PRESETS, Preset
 from glai_kernels import registry
 from glai_kernels.sparse import SPARSE_ESTIMATOR
@@ -123,7 +123,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
                   sparse_backends=sparse_requested or None, peers=peer_run, deadline=deadline)
     rows = run_cases(ctx, cases, progress=progress)
-    if deadline is not None and time.monotonic() > deadline:
+    if past(deadline):
         log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by then "
             "are in the results as skipped")
     log("measuring the ceilings again")

@@ -119,7 +119,6 @@ void run_parallel(int64_t n, int64_t flops, glai_cpu::TaskFn fn, void* ctx) {
   run_tasks(n, threads, fn, ctx);
 }
 
-
 // A contiguous tensor in the computation type (a no-op for float and double inputs).
 at::Tensor in_opmath(const at::Tensor& t) { return t.to(opmath(t.scalar_type())).contiguous(); }
 
@@ -310,10 +309,10 @@ at::Tensor linear_cpu(const at::Tensor& x_in, const at::Tensor& w_in,
 }
 
 std::string cpu_runner(const std::string& name) {
-  if (name == "pool") glai_pool::select_runner(glai_pool::Runner::kPool);
-  else if (name == "openmp") glai_pool::select_runner(glai_pool::Runner::kOpenMP);
+  glai_pool::Runner chosen;
+  if (glai_pool::runner_named(name.c_str(), &chosen)) glai_pool::select_runner(chosen);
   else TORCH_CHECK(name.empty(), "glai_ext: runner must be 'pool' or 'openmp', got '", name, "'");
-  return glai_pool::runner() == glai_pool::Runner::kPool ? "pool" : "openmp";
+  return glai_pool::runner_name(glai_pool::runner());
 }
 
 std::string cpu_isa(const std::string& name) {

@@ -150,16 +150,24 @@ int run_on_openmp(int64_t n, int helpers, Task task, void* ctx) {
 }
 
 Runner runner_from_environment() {
+  Runner r = kDefaultRunner;
   const char* name = std::getenv("GLAI_KERNELS_RUNNER");
-  if (name != nullptr && std::strcmp(name, "pool") == 0) return Runner::kPool;
-  if (name != nullptr && std::strcmp(name, "openmp") == 0) return Runner::kOpenMP;
-  return kDefaultRunner;
+  if (name != nullptr) runner_named(name, &r);
+  return r;
 }
 
 std::atomic<Runner> g_runner{runner_from_environment()};
 const pid_t g_loaded_by = getpid();  // the process that loaded the library
 
 }  // namespace
+
+bool runner_named(const char* name, Runner* out) {
+  if (std::strcmp(name, "pool") == 0) *out = Runner::kPool;
+  else if (std::strcmp(name, "openmp") == 0) *out = Runner::kOpenMP;
+  else return false;
+  return true;
+}
+const char* runner_name(Runner r) { return r == Runner::kPool ? "pool" : "openmp"; }
 
 Runner runner() { return g_runner.load(); }
 void select_runner(Runner r) { g_runner.store(r); }

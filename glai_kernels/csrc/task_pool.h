@@ -25,6 +25,9 @@ enum class Runner { kPool, kOpenMP };
 constexpr Runner kDefaultRunner = Runner::kOpenMP;
 Runner runner();
 void select_runner(Runner r);
+// The runner called `name` ("pool" or "openmp") into *out; false, *out untouched, otherwise.
+bool runner_named(const char* name, Runner* out);
+const char* runner_name(Runner r);
 
 // Runs task(ctx, t) once for every t in [0, n), on the calling thread and up to `helpers`
 // pool threads (0: the caller alone). Returns how many distinct threads ran at least one task.
