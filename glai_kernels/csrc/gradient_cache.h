@@ -1,12 +1,15 @@
-// Result tensors for gradients the size of the weight, kept for the next backward when freed.
+// Gradient results kept, by size, for the next backward when freed.
 //
-// A tensor of 32 MiB or more is fresh memory from the OS on every allocation (glibc maps it
-// and unmaps it on free), so the kernels writing B1's 210 MB dweight first paid the kernel's
-// page faults and its zeroing of every page: 8 of the 14 ms of B1's dweight at B = 16 on two
-// threads (bench/NOTES.md, "The paper's batch at two threads"). In training the gradient is
-// freed each step (zero_grad, or the caller dropping it) and the next backward asks for the
-// same size again: this keeps freed blocks of those sizes (at most kMaxHeldBytes in all) and
-// hands them back, already faulted in, with transparent huge pages asked for. Values are never
+// A fresh large result costs the kernels writing it page faults and the kernel's zeroing of
+// every page. glibc maps every block of 32 MiB or more afresh and unmaps it on free (B1's
+// 210 MB dweight: 8 of the 14 ms of its dweight at B = 16, two threads), and smaller blocks
+// fare no better under autograd: freeing a step's gradients leaves a free top of the heap that
+// glibc trims back to the OS, so the next step faults it in again (A1 at B = 16: 24-35 faults
+// and +15% on the median step, C1 28-54 faults and p90 2.7x the median; bench/NOTES.md,
+// "Gradients kept from 256 KiB"). In training the gradients are freed each step (zero_grad,
+// or the caller dropping them) and the next backward asks for the same sizes again: this
+// keeps freed results of at least kMinBytes (at most kMaxHeldBytes in all) and hands them
+// back, already faulted in, with transparent huge pages asked for from 4 MiB. Values are never
 // relied on: the kernels write every element of a result.
 #pragma once
 
@@ -17,7 +20,7 @@
 namespace glai_cache {
 
 // A new contiguous tensor of `sizes` and `options` (CPU): from the kept blocks when it is
-// large, else at::empty (with huge pages asked for under its 2 MiB-aligned interior).
+// at least kMinBytes, else at::empty.
 at::Tensor empty_result(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // Frees every kept block; returns the bytes released.
