@@ -385,12 +385,14 @@ def test_one_openmp_runtime_is_loaded(built):
     assert len(runtimes) <= 1, runtimes
 
 
-@pytest.mark.parametrize("batch", [50, 300])  # 300: dweight's two chunks of b
+# 300: dweight's two chunks of b; 16 x 5 outputs: five forward tasks, split by P's three column
+# blocks on two threads (kernels.inc, kForwardMinTasks)
+@pytest.mark.parametrize("batch, paths, outputs", [(50, 70, 9), (300, 70, 9), (16, 150, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_calls_parallel,
-                                                  runner, dtype, batch):
-    data = make_inputs(batch, 23, 70, 9, seed=7, dtype=dtype)
-    dy = torch.randn(batch, 9, generator=torch.Generator().manual_seed(8)).to(dtype)
+                                                  runner, dtype, batch, paths, outputs):
+    data = make_inputs(batch, 23, paths, outputs, seed=7, dtype=dtype)
+    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(8)).to(dtype)
 
     def run():
         y, z = cpp_forward_saving(data.x, data.act, data.weight)
