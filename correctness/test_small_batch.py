@@ -2,7 +2,7 @@
 ones do.
 
 - `estimator()` under no_grad runs the forward's body without the custom op (glai_kernels/
-  op.py, `_direct`): same result bits, same checks, and still refuses an aliasing output;
+  op.py, `_direct_forward`): same result bits, same checks, and still refuses an aliasing output;
 - with gradients, eager calls on plain tensors record a Function (`_EagerEstimator`) instead of
   the custom op's autograd, or the backend's own node (`Backend.eager`: cpp's C++ node,
   csrc/eager_autograd.cpp): the same output and gradient bits, double backward included, for

@@ -341,18 +341,19 @@ def estimator(
         # a compiled graph keeps one backend, chosen by the priorities (auto_call is None)
         name = resolved_name(backend, x.device, x.dtype)
     else:
-        call = auto_call(x, act, weight, backend, x.device.type)
-        if dtype is None and _direct((x, act, weight, bias)):
-            return _direct_forward(registry.resolve(backend, x.device, x.dtype, call), shape,
-                                   x, act, weight, bias)
-        if dtype is None and _plain((x, act, weight, bias)):
-            impl = registry.resolve(backend, x.device, x.dtype, call)
+        device = x.device
+        call = auto_call(x, act, weight, backend, device.type)
+        tensors = (x, act, weight, bias)
+        if dtype is None and _plain(tensors):
+            impl = registry.resolve(backend, device, x.dtype, call)
+            if not _records_gradient(tensors):
+                return _direct_forward(impl, shape, x, act, weight, bias)
             save = act.requires_grad
             if impl.eager is not None and not _is_empty(shape):
                 return impl.eager(x, act, weight, bias, save)
             return _EagerEstimator.apply(x, act, weight, bias, impl, shape, save)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
-        name = _resolved(backend, x.device, x.dtype, call)
+        name = _resolved(backend, device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = estimator_op(x, act, weight, bias, name, save)
     return y
@@ -372,18 +373,17 @@ def _plain(tensors: tuple) -> bool:
     """Whether `tensors` are plain tensors (not meta), under no dispatch or function mode and
     no functorch transform: nothing that would see the custom op (see above)."""
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or t.device.type == "meta"):
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):
             return False
     return not (torch._C._len_torch_dispatch_stack()
                 or torch._C._is_torch_function_mode_enabled()
                 or torch._C._are_functorch_transforms_active())
 
 
-def _direct(tensors: tuple) -> bool:
-    """Whether a forward on `tensors` may skip the custom op: plain, and no gradient recorded."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    return _plain(tensors)
+def _records_gradient(tensors: tuple) -> bool:
+    """Whether autograd records a call on `tensors`: grad mode on and one needs a gradient.
+    Plain tensors that it does not record may skip the custom op (see above)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
