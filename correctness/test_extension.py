@@ -484,6 +484,38 @@ def test_a_large_dweight_reuses_a_freed_block_and_is_fully_written(built, o, i, 
     assert torch.ops.glai_ext.cached_result_bytes() == 0
 
 
+def _dweight_of(paths: int, seed: int) -> torch.Tensor:
+    """dweight [4, 129, paths] of one cpp backward at B = 2."""
+    data = make_inputs(2, 129, paths, 4, seed=seed)
+    dy = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))
+    return cpp_backward(dy, data.x, data.act, data.weight, (False, False, True))[2]
+
+
+def test_kept_blocks_past_the_limit_free_the_oldest(built):
+    """With the limit at 600,000 bytes, three freed dweights of 268, 289 and 310 KB keep the
+    last two (the oldest goes); a block of the second size is taken back; one larger than the
+    limit is not kept."""
+    ops = torch.ops.glai_ext
+    ops.release_cached_results()
+    previous = ops.cached_result_limit(600_000)
+    try:
+        sizes = {p: 4 * 129 * p * 4 for p in (130, 140, 150, 300)}
+        for seed, paths in enumerate((130, 140, 150)):
+            _dweight_of(paths, seed)  # freed at once: kept
+        assert ops.cached_result_bytes() == sizes[140] + sizes[150]
+        taken = _dweight_of(140, 7)  # the kept 289 KB block, in use again
+        assert ops.cached_result_bytes() == sizes[150]
+        del taken
+        _dweight_of(300, 8)  # 619 KB, over the limit: not kept
+        assert ops.cached_result_bytes() == sizes[140] + sizes[150]
+        # the 289 KB block came back after the 310 KB one: lowering the limit frees the latter
+        assert ops.cached_result_limit(sizes[150]) == 600_000
+        assert ops.cached_result_bytes() == sizes[140]
+    finally:
+        ops.cached_result_limit(previous)
+        ops.release_cached_results()
+
+
 def test_a_small_dweight_is_not_kept(built):
     """Just under 256 KiB (4 x 128 x 127 floats): at::empty's memory, nothing kept."""
     torch.ops.glai_ext.release_cached_results()

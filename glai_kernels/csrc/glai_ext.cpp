@@ -10,7 +10,8 @@
 //   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
 //   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
 //   glai_ext::release_cached_results() -> bytes freed of the large results kept for reuse
-//       (gradient_cache.h); glai_ext::cached_result_bytes() -> bytes kept now
+//       (gradient_cache.h); glai_ext::cached_result_bytes() -> bytes kept now;
+//       glai_ext::cached_result_limit(bytes=-1) -> the limit before (sets it when >= 0)
 //
 // `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
 // in the computation type (float for half inputs, never rounded to them), else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
@@ -351,6 +352,7 @@ int64_t parallel_threads(int64_t tasks) {
 
 int64_t release_cached_results() { return glai_cache::release(); }
 int64_t cached_result_bytes() { return glai_cache::held_bytes(); }
+int64_t cached_result_limit(int64_t bytes) { return glai_cache::held_limit(bytes); }
 
 // The FLOPs per thread below which a dense kernel call uses fewer threads; returns the old
 // value (a negative `flops` only reads it).
@@ -372,6 +374,7 @@ TORCH_LIBRARY(glai_ext, m) {
   m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
   m.def("release_cached_results() -> int", &release_cached_results);
   m.def("cached_result_bytes() -> int", &cached_result_bytes);
+  m.def("cached_result_limit(int bytes=-1) -> int", &cached_result_limit);
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {

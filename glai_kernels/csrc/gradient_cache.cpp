@@ -4,7 +4,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -37,28 +39,59 @@ void advise_huge_pages(void* p, int64_t bytes) {
 
 class Blocks {
  public:
+  // the most recently kept block of this size
   void* take(int64_t bytes) {
     const std::lock_guard<std::mutex> guard(lock_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
       if (it->first == bytes) {
         void* p = it->second;
-        free_.erase(it);
+        free_.erase(std::next(it).base());
         held_ -= bytes;
         return p;
       }
     }
     return nullptr;
   }
+  // Keeps p; when the kept blocks would pass the limit, the oldest go first (a program whose
+  // shapes change keeps the blocks of its current ones). A block larger than the limit is
+  // freed at once.
   void give(void* p, int64_t bytes) {
+    std::vector<void*> evicted;
     {
       const std::lock_guard<std::mutex> guard(lock_);
-      if (held_ + bytes <= kMaxHeldBytes) {
+      if (bytes <= limit_) {
+        size_t oldest = 0;
+        while (held_ + bytes > limit_) {
+          held_ -= free_[oldest].first;
+          evicted.push_back(free_[oldest++].second);
+        }
+        free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(oldest));
         free_.emplace_back(bytes, p);
         held_ += bytes;
-        return;
+      } else {
+        evicted.push_back(p);
       }
     }
-    std::free(p);
+    for (void* q : evicted) std::free(q);
+  }
+  int64_t set_limit(int64_t bytes) {
+    std::vector<void*> evicted;
+    int64_t previous;
+    {
+      const std::lock_guard<std::mutex> guard(lock_);
+      previous = limit_;
+      if (bytes >= 0) {
+        limit_ = bytes;
+        size_t oldest = 0;
+        while (held_ > limit_) {
+          held_ -= free_[oldest].first;
+          evicted.push_back(free_[oldest++].second);
+        }
+        free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(oldest));
+      }
+    }
+    for (void* q : evicted) std::free(q);
+    return previous;
   }
   int64_t release() {
     std::vector<std::pair<int64_t, void*>> blocks;
@@ -81,8 +114,9 @@ class Blocks {
 
  private:
   std::mutex lock_;
-  std::vector<std::pair<int64_t, void*>> free_;
+  std::vector<std::pair<int64_t, void*>> free_;  // oldest first
   int64_t held_ = 0;
+  int64_t limit_ = kMaxHeldBytes;
 };
 
 // Never destroyed: a result may be freed after static destructors have run.
@@ -112,5 +146,7 @@ at::Tensor empty_result(at::IntArrayRef sizes, const at::TensorOptions& options)
 int64_t release() { return blocks().release(); }
 
 int64_t held_bytes() { return blocks().held(); }
+
+int64_t held_limit(int64_t bytes) { return blocks().set_limit(bytes); }
 
 }  // namespace glai_cache

@@ -8,7 +8,7 @@
 // and +15% on the median step, C1 28-54 faults and p90 2.7x the median; bench/NOTES.md,
 // "Gradients kept from 256 KiB"). In training the gradients are freed each step (zero_grad,
 // or the caller dropping them) and the next backward asks for the same sizes again: this
-// keeps freed results of at least kMinBytes (at most kMaxHeldBytes in all) and hands them
+// keeps freed results of at least kMinBytes (at most 1 GiB in all, the oldest freed first) and hands them
 // back, already faulted in, with transparent huge pages asked for from 4 MiB. Values are never
 // relied on: the kernels write every element of a result.
 #pragma once
@@ -28,5 +28,9 @@ int64_t release();
 
 // Bytes kept now (a test hook).
 int64_t held_bytes();
+
+// Sets the most bytes kept (1 GiB unless set; the oldest blocks are freed past it) when
+// `bytes` >= 0; returns the limit before the call (a test hook).
+int64_t held_limit(int64_t bytes);
 
 }  // namespace glai_cache
