@@ -516,6 +516,31 @@ def test_kept_blocks_past_the_limit_free_the_oldest(built):
         ops.release_cached_results()
 
 
+def _has_bf16_kernels() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags and torch.ops.glai_ext.cpu_isa() == "avx512"
+
+
+def test_the_bf16_forward_keeps_its_packed_weight(built):
+    """The bfloat16 forward packs the weight in pairs along i into a buffer the weight's size:
+    it comes from the kept blocks and goes back to them (here 4 x 65 pairs x 304 words =
+    316,160 bytes), and the next call's result is the same bits."""
+    if not _has_bf16_kernels():
+        pytest.skip("needs AVX512_BF16 and the avx512 kernels")
+    ops = torch.ops.glai_ext
+    ops.release_cached_results()
+    data = make_inputs(3, 129, 300, 4, seed=11, dtype=torch.bfloat16)
+    y1, _ = ops.forward(data.x, data.act, data.weight, False)
+    assert ops.cached_result_bytes() == 4 * 65 * 304 * 4
+    y2, _ = ops.forward(data.x, data.act, data.weight, False)
+    assert ops.cached_result_bytes() == 4 * 65 * 304 * 4
+    assert torch.equal(y1, y2)
+    expected = torch.einsum("bi,bs,ois->bo", data.x.double(), data.act.double(),
+                            data.weight.double())
+    assert torch.allclose(y1.double(), expected, rtol=2e-2, atol=2e-2)
+    ops.release_cached_results()
+
+
 def test_a_small_dweight_is_not_kept(built):
     """Just under 256 KiB (4 x 128 x 127 floats): at::empty's memory, nothing kept."""
     torch.ops.glai_ext.release_cached_results()

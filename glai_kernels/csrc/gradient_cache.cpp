@@ -1,6 +1,8 @@
 // glai_cache (gradient_cache.h): freed large results kept, by size, for the next backward.
 #include "gradient_cache.h"
 
+#include "cpu/kernels.h"
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
@@ -127,18 +129,25 @@ Blocks& blocks() {
 
 }  // namespace
 
+// A block of `bytes` from the kept ones, else new (huge pages asked for from 4 MiB); null when
+// out of memory.
+static void* take_block(int64_t bytes) {
+  void* p = blocks().take(bytes);
+  if (p == nullptr) {
+    const size_t align = bytes >= static_cast<int64_t>(2 * kHuge) ? kHuge : 64;
+    if (posix_memalign(&p, align, static_cast<size_t>(bytes)) != 0) return nullptr;
+    advise_huge_pages(p, bytes);
+  }
+  return p;
+}
+
 at::Tensor empty_result(at::IntArrayRef sizes, const at::TensorOptions& options) {
   int64_t numel = 1;
   for (const int64_t d : sizes) numel *= d;
   const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
   if (bytes < kMinBytes) return at::empty(sizes, options);
-  void* p = blocks().take(bytes);
-  if (p == nullptr) {
-    const size_t align = bytes >= static_cast<int64_t>(2 * kHuge) ? kHuge : 64;
-    if (posix_memalign(&p, align, static_cast<size_t>(bytes)) != 0) p = nullptr;
-    TORCH_CHECK(p != nullptr, "glai_ext: out of memory for a result of ", bytes, " bytes");
-    advise_huge_pages(p, bytes);
-  }
+  void* p = take_block(bytes);
+  TORCH_CHECK(p != nullptr, "glai_ext: out of memory for a result of ", bytes, " bytes");
   return at::from_blob(
       p, sizes, [bytes](void* q) { blocks().give(q, bytes); }, options);
 }
@@ -150,3 +159,19 @@ int64_t held_bytes() { return blocks().held(); }
 int64_t held_limit(int64_t bytes) { return blocks().set_limit(bytes); }
 
 }  // namespace glai_cache
+
+namespace glai_cpu {
+
+// below the kept blocks' bound: plain memory, as the kernels' other scratch
+void* alloc_kept(int64_t bytes) {
+  if (bytes < glai_cache::kMinBytes) return std::aligned_alloc(64, static_cast<size_t>(bytes));
+  return glai_cache::take_block(bytes);
+}
+
+void free_kept(void* p, int64_t bytes) {
+  if (p == nullptr) return;
+  if (bytes < glai_cache::kMinBytes) return std::free(p);
+  glai_cache::blocks().give(p, bytes);
+}
+
+}  // namespace glai_cpu

@@ -55,6 +55,13 @@ struct Bf16Kernels {
 // The bfloat16 kernels if the instruction set in use is avx512 and the CPU has AVX512_BF16.
 const Bf16Kernels* bf16_kernels();
 
+// Scratch that outlives the call: `bytes` (a multiple of 64, 64-byte aligned) from the blocks
+// kept for reuse (gradient_cache.cpp) when it is at least their 256 KiB bound, so a per-call
+// buffer the size of the weight is not faulted in afresh every call; null when out of memory.
+// Values are not cleared. Given back with free_kept and the same size.
+void* alloc_kept(int64_t bytes);
+void free_kept(void* p, int64_t bytes);
+
 // The instruction set in use ("avx512", "avx2", "portable").
 const char* isa();
 // Select an instruction set by name; returns false if unknown or unsupported by this CPU.
