@@ -62,12 +62,7 @@ class Blocks {
     {
       const std::lock_guard<std::mutex> guard(lock_);
       if (bytes <= limit_) {
-        size_t oldest = 0;
-        while (held_ + bytes > limit_) {
-          held_ -= free_[oldest].first;
-          evicted.push_back(free_[oldest++].second);
-        }
-        free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(oldest));
+        evict_oldest(limit_ - bytes, &evicted);
         free_.emplace_back(bytes, p);
         held_ += bytes;
       } else {
@@ -84,12 +79,7 @@ class Blocks {
       previous = limit_;
       if (bytes >= 0) {
         limit_ = bytes;
-        size_t oldest = 0;
-        while (held_ > limit_) {
-          held_ -= free_[oldest].first;
-          evicted.push_back(free_[oldest++].second);
-        }
-        free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(oldest));
+        evict_oldest(limit_, &evicted);
       }
     }
     for (void* q : evicted) std::free(q);
@@ -115,6 +105,17 @@ class Blocks {
   }
 
  private:
+  // Drops the oldest kept blocks until at most `most` bytes are held (lock_ held); the
+  // caller frees them after unlocking.
+  void evict_oldest(int64_t most, std::vector<void*>* evicted) {
+    size_t oldest = 0;
+    while (held_ > most) {
+      held_ -= free_[oldest].first;
+      evicted->push_back(free_[oldest++].second);
+    }
+    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(oldest));
+  }
+
   std::mutex lock_;
   std::vector<std::pair<int64_t, void*>> free_;  // oldest first
   int64_t held_ = 0;
