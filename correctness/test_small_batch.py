@@ -84,7 +84,7 @@ def test_direct_forward_still_refuses_an_aliasing_output(aliasing_backend):
 
 # the node an eager call records: op.py's Function, or the backend's own (Backend.eager)
 _EAGER_NODE = {"einsum": "_EagerEstimatorBackward", "torch": "_EagerEstimatorBackward",
-               "cpp": "EagerEstimator>"}
+               "cpp": "glai::EstimatorBackward"}
 
 
 @pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
@@ -151,6 +151,19 @@ def test_cpp_eager_node_sees_a_saved_input_modified():
     with torch.no_grad():
         x.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, [weight], dy)
+
+
+def test_cpp_eager_node_frees_its_saved_tensors():
+    """The C++ node keeps its saved tensors for a retained graph and frees them after a
+    backward without retain_graph, as autograd's own nodes do: a second backward then fails
+    with autograd's message instead of reading freed or stale memory."""
+    x, act, weight, dy = _inputs((4, 6, 5, 2))
+    weight.requires_grad_(True)
+    y = glai_kernels.estimator(x, act, weight, backend="cpp")
+    first = torch.autograd.grad(y, [weight], dy, retain_graph=True)[0]
+    assert torch.equal(torch.autograd.grad(y, [weight], dy)[0], first)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         torch.autograd.grad(y, [weight], dy)
 
 

@@ -11,7 +11,9 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include "glai_ext.h"
@@ -23,7 +25,6 @@
 namespace glai_ext {
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& x, const at::Tensor& act,
@@ -61,58 +62,78 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
   return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
 }
 
-class EagerEstimator : public torch::autograd::Function<EagerEstimator> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& act,
-                            const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                            bool save, const std::string& backend) {
-    // below autograd: this node is the only one recorded (grad mode is off here already)
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [y, saved] = call_forward(x, act, weight, save);
-    const bool has_bias = bias.has_value() && bias->defined();
-    if (has_bias) y = y.add(*bias);
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({x, act, weight, saved});
-    ctx->saved_data["backend"] = backend;
-    ctx->saved_data["has_bias"] = has_bias;
-    return y;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+// The node the eager path records: a plain autograd Node, as torch's generated nodes are, not
+// a torch::autograd::Function (whose CppNode, context and saved_data map cost ~2-3 us a
+// step at the paper's B = 16; bench/NOTES.md, "The eager node without CppNode"). Its next
+// edges are x, act, weight and bias (an empty edge when there is no bias).
+struct EstimatorBackward : public torch::autograd::Node {
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(4);
     const at::Tensor& dy = grads[0];
-    variable_list out(6);
-    if (!dy.defined()) return out;
-    const auto saved = ctx->get_saved_variables();
-    const bool need_x = ctx->needs_input_grad(0), need_act = ctx->needs_input_grad(1);
-    const bool need_weight = ctx->needs_input_grad(2);
-    // needs_input_grad counts tensor inputs only: bias is the fourth when given
-    const bool need_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
+    if (!dy.defined()) return out;  // no gradient reached y: none for its inputs
+    const bool need_x = task_should_compute_output(0), need_act = task_should_compute_output(1);
+    const bool need_weight = task_should_compute_output(2);
+    const bool need_bias = has_bias && task_should_compute_output(3);
     if (need_x || need_act || need_weight) {
+      // unpacking checks the saved versions: an input changed in place since the forward
+      // fails here, as for any autograd node
+      const at::Tensor x = x_.unpack(), act = act_.unpack(), weight = weight_.unpack();
+      const at::Tensor saved = saved_.unpack();
       if (at::GradMode::is_enabled()) {
-        auto g = call_backward_op(dy, saved[0], saved[1], saved[2], saved[3], need_x, need_act,
-                                  need_weight, ctx->saved_data["backend"].toStringRef());
-        out[0] = need_x ? g[0] : at::Tensor();
-        out[1] = need_act ? g[1] : at::Tensor();
-        out[2] = need_weight ? g[2] : at::Tensor();
+        auto g = call_backward_op(dy, x, act, weight, saved, need_x, need_act, need_weight,
+                                  backend);
+        for (int k = 0; k < 3; ++k) out[k] = g[k];
       } else {
         at::AutoDispatchBelowADInplaceOrView below;
-        auto [gx, gact, gw] = call_backward(dy.contiguous(), saved[0], saved[1], saved[2],
-                                            saved[3], need_x, need_act, need_weight);
-        out[0] = need_x ? gx : at::Tensor();
-        out[1] = need_act ? gact : at::Tensor();
-        out[2] = need_weight ? gw : at::Tensor();
+        std::tie(out[0], out[1], out[2]) = call_backward(dy.contiguous(), x, act, weight, saved,
+                                                         need_x, need_act, need_weight);
       }
+      if (!need_x) out[0] = at::Tensor();
+      if (!need_act) out[1] = at::Tensor();
+      if (!need_weight) out[2] = at::Tensor();
     }
-    if (need_bias)
-      out[3] = dy.sum(0, false, opmath(dy.scalar_type())).to(dy.scalar_type());
+    if (need_bias) out[3] = dy.sum(0, false, opmath(dy.scalar_type())).to(dy.scalar_type());
     return out;
   }
+
+  std::string name() const override { return "glai::EstimatorBackward"; }
+
+  // after a backward without retain_graph: frees the saved tensors (a second backward then
+  // fails with autograd's own message)
+  void release_variables() override {
+    x_.reset_data();
+    act_.reset_data();
+    weight_.reset_data();
+    saved_.reset_data();
+  }
+
+  torch::autograd::SavedVariable x_, act_, weight_, saved_;
+  std::string backend;
+  bool has_bias = false;
 };
 
 at::Tensor estimator_eager(const at::Tensor& x, const at::Tensor& act, const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias, bool save,
                            c10::string_view backend) {
-  return EagerEstimator::apply(x, act, weight, bias, save, std::string(backend));
+  const bool has_bias = bias.has_value() && bias->defined();
+  at::Tensor y, saved;
+  {
+    // below autograd: this node is the only one recorded
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(y, saved) = call_forward(x, act, weight, save);
+    if (has_bias) y = y.add(*bias);
+  }
+  if (!torch::autograd::compute_requires_grad(x, act, weight, bias)) return y;
+  auto node = c10::make_intrusive<EstimatorBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, act, weight, bias));
+  node->x_ = torch::autograd::SavedVariable(x, false);
+  node->act_ = torch::autograd::SavedVariable(act, false);
+  node->weight_ = torch::autograd::SavedVariable(weight, false);
+  node->saved_ = torch::autograd::SavedVariable(saved, false);
+  node->backend = std::string(backend);
+  node->has_bias = has_bias;
+  torch::autograd::set_history(y, node);
+  return y;
 }
 
 }  // namespace
