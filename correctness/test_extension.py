@@ -521,6 +521,32 @@ def _has_bf16_kernels() -> bool:
     return "avx512_bf16" in flags and torch.ops.glai_ext.cpu_isa() == "avx512"
 
 
+def test_a_streamed_bf16_dweight_has_the_bits_of_a_cached_one(built):
+    """From 64 MiB (O = 512, I = 129, P = 512: 67.6 MB) the bfloat16 dweight's full tiles are
+    stored past the caches, rounded to bfloat16 sixteen lanes at a time; its last, partial
+    row block of i is not. Each dweight[o] depends on o's column of dy alone, so its first and
+    last four o's must be, bit for bit, those of a 528 KB dweight (stored through the caches,
+    rounded one element at a time) of the same inputs, subnormal, infinite and NaN values
+    included."""
+    if not _has_bf16_kernels():
+        pytest.skip("needs AVX512_BF16 and the avx512 kernels")
+    g = torch.Generator().manual_seed(12)
+    batch, inputs, paths, outputs = 2, 129, 512, 512
+    x = torch.randn(batch, inputs, generator=g).bfloat16()
+    act = (torch.rand(batch, paths, generator=g) > 0.5).bfloat16()
+    dy = torch.randn(batch, outputs, generator=g).bfloat16()
+    x[0, 1:40] = 3e-39   # products that round to bfloat16 subnormals
+    x[1, 7] = float("inf")
+    x[0, 8] = float("nan")
+    weight = torch.zeros(outputs, inputs, paths, dtype=torch.bfloat16)
+    big = cpp_backward(dy, x, act, weight, (False, False, True))[2]
+    assert big.view(torch.int16)[:, 1:40].ne(0).any()  # subnormals survived, not flushed
+    for part in (slice(0, 4), slice(outputs - 4, outputs)):
+        small = cpp_backward(dy[:, part].contiguous(), x, act, weight[part].contiguous(),
+                             (False, False, True))[2]
+        assert torch.equal(big[part].view(torch.int16), small.view(torch.int16))
+
+
 def test_the_bf16_forward_keeps_its_packed_weight(built):
     """The bfloat16 forward packs the weight in pairs along i into a buffer the weight's size:
     it comes from the kept blocks and goes back to them (here 4 x 65 pairs x 304 words =
