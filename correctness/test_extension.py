@@ -547,24 +547,30 @@ def test_a_streamed_bf16_dweight_has_the_bits_of_a_cached_one(built):
         assert torch.equal(big[part].view(torch.int16), small.view(torch.int16))
 
 
-def test_the_bf16_forward_keeps_its_packed_weight(built):
-    """The bfloat16 forward packs the weight in pairs along i into a buffer the weight's size:
-    it comes from the kept blocks and goes back to them (here 4 x 65 pairs x 304 words =
-    316,160 bytes), and the next call's result is the same bits."""
+def test_the_bf16_forward_pairs_rows_in_place_or_packed_with_the_same_bits(built):
+    """The bfloat16 forward pairs the weight's rows along i in registers at a small batch, and
+    from 16 row blocks of b (B = 96 here) packs the weight in pairs first, into a buffer the
+    weight's size (4 x 65 pairs x 304 words = 316,160 bytes) that comes from the kept blocks
+    and goes back to them. Each row of b is computed alone, so a B = 3 call (in place: no
+    kept block) must give, bit for bit, the first three rows of the B = 96 call (packed), Z
+    included; and a repeated packed call the same bits."""
     if not _has_bf16_kernels():
         pytest.skip("needs AVX512_BF16 and the avx512 kernels")
     ops = torch.ops.glai_ext
     ops.release_cached_results()
-    data = make_inputs(3, 129, 300, 4, seed=11, dtype=torch.bfloat16)
-    y1, _ = ops.forward(data.x, data.act, data.weight, False)
+    data = make_inputs(96, 129, 300, 4, seed=11, dtype=torch.bfloat16)
+    y3, z3 = ops.forward(data.x[:3].contiguous(), data.act[:3].contiguous(), data.weight, True)
+    assert ops.cached_result_bytes() == 0
+    y96, z96 = ops.forward(data.x, data.act, data.weight, True)
     assert ops.cached_result_bytes() == 4 * 65 * 304 * 4
-    y2, _ = ops.forward(data.x, data.act, data.weight, False)
+    assert torch.equal(y3.view(torch.int16), y96[:3].view(torch.int16))
+    assert torch.equal(z3, z96[:3])
+    again, _ = ops.forward(data.x, data.act, data.weight, True)
     assert ops.cached_result_bytes() == 4 * 65 * 304 * 4
-    assert torch.equal(y1, y2)
+    assert torch.equal(again.view(torch.int16), y96.view(torch.int16))
     expected = torch.einsum("bi,bs,ois->bo", data.x.double(), data.act.double(),
                             data.weight.double())
-    assert torch.allclose(y1.double(), expected, rtol=2e-2, atol=2e-2)
-    ops.release_cached_results()
+    assert torch.allclose(y96.double(), expected, rtol=2e-2, atol=2e-2)
 
 
 def test_a_small_dweight_is_not_kept(built):
