@@ -79,51 +79,77 @@ class Tensors:
 Outputs = dict[str, torch.Tensor]
 
 
-def _forward(backend: str, t: Tensors) -> Callable[[], Outputs]:
-    def call() -> Outputs:
+def outputs_of(spec: PassSpec, result: object) -> Outputs:
+    """The named outputs the oracle judges, from what one timed call returned: y (forward);
+    the gradients in `spec.grads` order (backward); (y, gradients) (both, train)."""
+    if spec.name == "forward":
+        return {"y": result}  # type: ignore[dict-item]
+    if spec.name == "backward":
+        return {f"d{g}": d for g, d in zip(spec.grads, result, strict=True)}  # type: ignore[call-overload]
+    y, computed = result  # type: ignore[misc]
+    return {"y": y.detach(), **{f"d{g}": d for g, d in zip(spec.grads, computed, strict=True)}}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One pass on one backend or peer. `timed()` is the code a user writes for that pass and
+    nothing more (no result dict, no detach, no grad-mode guard: at B = 16 those cost 3-6 µs a
+    call, bench/NOTES.md, "What the suite times at the paper's batch"); it is what the suite
+    warms, times and measures the memory of. Calling the Call returns its named outputs, for
+    the oracle."""
+
+    spec: PassSpec
+    timed: Callable[[], object]
+
+    def __call__(self) -> Outputs:
+        return outputs_of(self.spec, self.timed())
+
+
+def _forward(backend: str, t: Tensors) -> Callable[[], object]:
+    def call() -> torch.Tensor:
         with torch.no_grad():
-            return {"y": estimator(t.x, t.act, t.weight, backend=backend)}
+            return estimator(t.x, t.act, t.weight, backend=backend)
     return call
 
 
-def _backward(backend: str, t: Tensors) -> Callable[[], Outputs]:
+def _backward(backend: str, t: Tensors) -> Callable[[], object]:
     # the forward's saved state, as autograd keeps it when act needs a gradient
     _, saved = estimator_op(t.x, t.act, t.weight, None, backend, True)
     needs = [True, True, True]
 
-    def call() -> Outputs:
-        dx, dact, dweight = estimator_backward_op(t.dy, t.x, t.act, t.weight, saved, needs,
-                                                  backend)
-        return {"dx": dx, "dact": dact, "dweight": dweight}
+    def call() -> object:
+        return estimator_backward_op(t.dy, t.x, t.act, t.weight, saved, needs, backend)
     return call
 
 
-def _autograd(backend: str, t: Tensors, grads: tuple[str, ...]) -> Callable[[], Outputs]:
+def _autograd(backend: str, t: Tensors, grads: tuple[str, ...]) -> Callable[[], object]:
     leaves = {name: getattr(t, name).detach().requires_grad_(name in grads)
               for name in GRADIENTS}
+    x, act, weight = leaves["x"], leaves["act"], leaves["weight"]
     wanted = [leaves[g] for g in grads]
 
-    def call() -> Outputs:
-        with torch.enable_grad():
-            y = estimator(leaves["x"], leaves["act"], leaves["weight"], backend=backend)
-            computed = torch.autograd.grad(y, wanted, t.dy)
-        return {"y": y.detach(), **{f"d{g}": d for g, d in zip(grads, computed, strict=True)}}
+    def call() -> object:
+        y = estimator(x, act, weight, backend=backend)
+        return y, torch.autograd.grad(y, wanted, t.dy)
     return call
 
 
-def make_call(backend: str, spec: PassSpec, sets: Sequence[Tensors]) -> Callable[[], Outputs]:
-    """A no-argument callable running `spec` on `backend`, cycling through the input sets
-    (more than one rotates inputs so a GPU's L2 does not keep the last call's operands)."""
+def rotating(spec: PassSpec, timed: Sequence[Callable[[], object]]) -> Call:
+    """A Call running `timed` in turn (more than one input set rotates inputs so a GPU's L2
+    does not keep the last call's operands)."""
+    if len(timed) == 1:
+        return Call(spec, timed[0])
+    rotation = itertools.cycle(timed)
+    return Call(spec, lambda: next(rotation)())
+
+
+def make_call(backend: str, spec: PassSpec, sets: Sequence[Tensors]) -> Call:
+    """`spec` on `backend`, cycling through the input sets."""
     if spec.name == "forward":
-        calls = [_forward(backend, t) for t in sets]
-    elif spec.name == "backward":
-        calls = [_backward(backend, t) for t in sets]
-    else:
-        calls = [_autograd(backend, t, spec.grads) for t in sets]
-    if len(calls) == 1:
-        return calls[0]
-    rotation = itertools.cycle(calls)
-    return lambda: next(rotation)()
+        return rotating(spec, [_forward(backend, t) for t in sets])
+    if spec.name == "backward":
+        return rotating(spec, [_backward(backend, t) for t in sets])
+    return rotating(spec, [_autograd(backend, t, spec.grads) for t in sets])
 
 
 def split_available(names: Sequence[str], reason_of: Callable[[str], str | None],

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import itertools
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from bench.passes import Outputs, PassSpec, Tensors, split_available
+from bench.passes import Call, PassSpec, Tensors, rotating, split_available
 from glai_kernels.backends.torch import torch_forward
 from glai_kernels.contract import GRADIENTS, Shape
 
@@ -160,40 +159,33 @@ def for_sweeps(peers: Sequence[str], sweeps: Sequence[str]) -> list[str]:
     return [p for p in peers if PEERS[p].sweeps is None or set(PEERS[p].sweeps) & set(sweeps)]
 
 
-def _call(fn: PeerFn, spec: PassSpec, t: Tensors) -> Callable[[], Outputs]:
-    """One pass of a peer, as bench.passes runs a backend's: forward under no_grad; backward
-    from a forward kept with its graph (autograd's saved state); both and train as one
-    forward and one torch.autograd.grad call."""
+def _call(fn: PeerFn, spec: PassSpec, t: Tensors) -> Callable[[], object]:
+    """One pass of a peer, timed as bench.passes times a backend's (`Call.timed`): forward
+    under no_grad; backward from a forward kept with its graph (autograd's saved state); both
+    and train as one forward and one torch.autograd.grad call."""
     if spec.name == "forward":
-        def forward() -> Outputs:
+        def forward() -> torch.Tensor:
             with torch.no_grad():
-                return {"y": fn(t.x, t.act, t.weight)}
+                return fn(t.x, t.act, t.weight)
         return forward
     leaves = {name: getattr(t, name).detach().requires_grad_(name in spec.grads)
               for name in GRADIENTS}
+    x, act, weight = leaves["x"], leaves["act"], leaves["weight"]
     wanted = [leaves[g] for g in spec.grads]
     if spec.name == "backward":
         with torch.enable_grad():
-            kept = fn(leaves["x"], leaves["act"], leaves["weight"])
+            kept = fn(x, act, weight)
 
-        def backward() -> Outputs:
-            computed = torch.autograd.grad(kept, wanted, t.dy, retain_graph=True)
-            return {f"d{g}": d for g, d in zip(spec.grads, computed, strict=True)}
+        def backward() -> object:
+            return torch.autograd.grad(kept, wanted, t.dy, retain_graph=True)
         return backward
 
-    def autograd() -> Outputs:
-        with torch.enable_grad():
-            y = fn(leaves["x"], leaves["act"], leaves["weight"])
-            computed = torch.autograd.grad(y, wanted, t.dy)
-        return {"y": y.detach(), **{f"d{g}": d for g, d in zip(spec.grads, computed,
-                                                                strict=True)}}
+    def autograd() -> object:
+        y = fn(x, act, weight)
+        return y, torch.autograd.grad(y, wanted, t.dy)
     return autograd
 
 
-def make_call(name: str, spec: PassSpec, sets: Sequence[Tensors]) -> Callable[[], Outputs]:
+def make_call(name: str, spec: PassSpec, sets: Sequence[Tensors]) -> Call:
     """As bench.passes.make_call, for the peer `name`, cycling through the input sets."""
-    calls = [_call(PEERS[name].forward, spec, t) for t in sets]
-    if len(calls) == 1:
-        return calls[0]
-    rotation = itertools.cycle(calls)
-    return lambda: next(rotation)()
+    return rotating(spec, [_call(PEERS[name].forward, spec, t) for t in sets])

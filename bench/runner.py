@@ -286,8 +286,9 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
     time) to time, or None when it is too slow to time (m then says so)."""
     device, preset = ctx.device, ctx.preset
     make = peers.make_call if peers.is_peer(backend) else make_call
-    fn = make(backend, spec, sets)
-    check = fn if len(sets) == 1 else make(backend, spec, sets[:1])
+    call = make(backend, spec, sets)
+    check = call if len(sets) == 1 else make(backend, spec, sets[:1])
+    fn = call.timed
     calls = first_calls(check, fn, device, preset, m)
     if calls is None:
         return None

@@ -67,18 +67,18 @@ def test_estimator(benchmark, backend: str, case: Case, pass_: str):
     dtype = dtype_of(case.dtype)
     spec = PASSES[pass_]
     sets = make_sets(case.shape, dtype, device, seed=0)
-    fn = make_call(backend, spec, sets)
+    call = make_call(backend, spec, sets)
 
-    ratio = Oracle(sets[0]).error_ratio(fn(), tf32=dtype == torch.float32
+    ratio = Oracle(sets[0]).error_ratio(call(), tf32=dtype == torch.float32
                                         and tf32_enabled(device))
     assert ratio <= 1.0, f"{backend} misses the float64 oracle: {ratio:.3g}x its tolerance"
 
     if device.type == "cuda":
         def timed():
-            fn()
+            call.timed()
             torch.cuda.synchronize(device)
     else:
-        timed = fn
+        timed = call.timed
     benchmark.group = f"{case.head} B={case.shape.batch} {case.dtype} {pass_}"
     benchmark(timed)
 
@@ -93,7 +93,7 @@ def test_estimator(benchmark, backend: str, case: Case, pass_: str):
         return
     median = benchmark.stats.stats.median
     meter = EnergyMeter(device)
-    energy = meter.measure(fn, median) if meter.available else None
+    energy = meter.measure(call.timed, median) if meter.available else None
     benchmark.extra_info.update({
         "gflops": flops / median / 1e9, "gbps": nbytes / median / 1e9,
         "joules": energy.joules_per_call if energy else None,
