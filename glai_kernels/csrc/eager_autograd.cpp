@@ -18,14 +18,30 @@
 
 #include "glai_ext.h"
 
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace glai_ext {
 namespace {
 
 using torch::autograd::variable_list;
+
+// torch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases (2.4-2.11 at
+// least) in std::shared_ptr; a node is made the way this torch's Edge holds one, so the
+// extension builds against every torch the package's requirement admits.
+using NodeHandle = decltype(torch::autograd::Edge::function);
+
+template <class N>
+auto make_node() {
+  if constexpr (std::is_same_v<NodeHandle, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<N>();
+  } else {
+    return c10::make_intrusive<N>();
+  }
+}
 
 std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& x, const at::Tensor& act,
                                                 const at::Tensor& weight, bool save) {
@@ -124,7 +140,7 @@ at::Tensor estimator_eager(const at::Tensor& x, const at::Tensor& act, const at:
     if (has_bias) y = y.add(*bias);
   }
   if (!torch::autograd::compute_requires_grad(x, act, weight, bias)) return y;
-  auto node = c10::make_intrusive<EstimatorBackward>();
+  auto node = make_node<EstimatorBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(x, act, weight, bias));
   node->x_ = torch::autograd::SavedVariable(x, false);
   node->act_ = torch::autograd::SavedVariable(act, false);
