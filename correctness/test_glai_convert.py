@@ -111,6 +111,16 @@ def test_follows_dtype_and_device_and_moves():
     assert head(x).dtype == torch.float64
 
 
+@pytest.mark.parametrize("widths", [(5, 4, 2), (6, 7, 5, 3)])
+def test_every_tensor_lands_on_the_mlps_device(widths):
+    # the meta device stands in for a GPU: the selector's path tables are built on the CPU and
+    # once stayed there under a CUDA MLP (index_select then failed on a real GPU)
+    head = from_mlp(random_mlp(widths, seed=9, dtype=torch.float32).to("meta"))
+    placed = {name: t.device.type for name, t in [*head.named_parameters(),
+                                                  *head.named_buffers()]}
+    assert set(placed.values()) == {"meta"}, placed
+
+
 @pytest.mark.parametrize("bad, match", [
     (nn.Linear(3, 2), "must be an nn.Sequential"),
     (nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), "expected nn.ReLU at position 1"),

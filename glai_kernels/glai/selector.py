@@ -101,8 +101,10 @@ class PathSelector(nn.Module):
         for k, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
             self.register_buffer(f"weight{k}", weight.detach().clone())
             self.register_buffer(f"bias{k}", None if bias is None else bias.detach().clone())
-        self.register_buffer("units", units.to(torch.long).clone())
-        self.register_buffer("start", start.to(torch.long).clone())
+        # on the layers' device: all_paths builds them on the CPU, the MLP may be on a GPU
+        device = weights[0].device
+        self.register_buffer("units", units.to(device, torch.long).clone())
+        self.register_buffer("start", start.to(device, torch.long).clone())
         self._single_full = (depth == 1 and units.shape[1] == self.widths[1]
                              and bool((units[0].cpu() == torch.arange(self.widths[1])).all()))
 
