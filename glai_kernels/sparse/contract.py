@@ -101,7 +101,10 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
         if t.device != x.device:
             raise ValueError(
                 f"{WHO}: {name} must be on the same device as x ({x.device}), got {t.device}")
-    outputs, inputs, paths, groups = (index_check or check_index)(
+    # not `index_check or check_index`: torch.compile (2.11) cannot branch on a bound
+    # method's truth value
+    check = check_index if index_check is None else index_check
+    outputs, inputs, paths, groups = check(
         as_index(index), x.device, values.numel())
     batch = x.shape[0]
     if act.shape[0] != batch:

@@ -167,7 +167,10 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     y [B, O]; the same checks of every argument, in the same order.
     """
     index = sw.index
-    shape = check_inputs(x, act, sw.values, index, bias, index_check=sw.checked_index_sizes)
+    # the remembered checks key on tensor ids and write to the module: eager calls only
+    # (under torch.compile the checks run once, while tracing)
+    remembered = None if torch.compiler.is_compiling() else sw.checked_index_sizes
+    shape = check_inputs(x, act, sw.values, index, bias, index_check=remembered)
     if impl is None:
         impl = resolve(backend, x.device, x.dtype)
     save = torch.is_grad_enabled() and act.requires_grad
