@@ -4,10 +4,14 @@
 # (writes the CUDA dispatch table, in the archive). Each step ends by itself before its
 # deadline (the tests through bench/lease_plugin.py, the sweep through --time-limit), so a slow
 # step leaves the others their time; what each step printed, the failures' tracebacks and the
-# run's reports as one archive land in $OUT (default /tmp/on_gpu), at most 8 files.
+# run's reports as one archive land in $OUT (default /tmp/on_gpu), at most 8 files (the
+# device tool's limit).
 #
 #     bash bench/on_gpu.sh            # from the repository root, on the GPU machine
 #     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=0.1 bash bench/on_gpu.sh   # the defaults
+#     TRITON_S=120 TRITON_HEADS=A1,C1 bash bench/on_gpu.sh   # and a triton run of its own
+#     TEST_FOCUS="test_sparse.py and compile" bash bench/on_gpu.sh   # those tests first, alone,
+#                                                   # cpu and cuda ids, whole tracebacks
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
 # installs nothing (the repository is imported from the checkout).
@@ -50,6 +54,15 @@ echo "build rc=$?" | tee -a "$OUT/steps.txt"
 cat "$GLAI_KERNELS_CACHE"/*/build.log >>"$OUT/build.log" 2>/dev/null
 timeout 60 "$PY" -m glai_kernels >>"$OUT/build.log" 2>&1
 
+if [ -n "${TEST_FOCUS:-}" ]; then
+  step "focus: $TEST_FOCUS" | tee -a "$OUT/steps.txt"
+  # one process, long tracebacks: a failure to be read, not counted
+  timeout -s INT -k 10 "${FOCUS_S:-90}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
+    --timeout 60 --tb=long -rfE --benchmark-disable -k "$TEST_FOCUS" correctness bench \
+    >"$OUT/focus.log" 2>&1
+  echo "focus rc=$?" | tee -a "$OUT/steps.txt"
+fi
+
 step tests | tee -a "$OUT/steps.txt"
 # tests not started TEST_S from now are skipped (bench/lease_plugin.py), so pytest ends with
 # its report; each failure's traceback is written to failures.txt the moment it fails
@@ -57,20 +70,33 @@ budget=$(( $(left) - ${BENCH_MIN_S:-150} )); [ "$budget" -gt "$TEST_S" ] && budg
 GLAI_TESTS_UNTIL=$(( $(date +%s) + budget - 20 )) GLAI_TESTS_FAILURES="$OUT/failures.txt" \
 timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" \
   --timeout 120 --tb=short -rfE --benchmark-disable -k "${TEST_K:-cuda or triton}" \
-  correctness bench --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
+  correctness bench >"$OUT/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$OUT/steps.txt"
 
 step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
-budget=$(( $(left) - 10 ))
+budget=$(( $(left) - 10 - ${TRITON_S:-0} ))
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
   --dtypes float32,bfloat16 --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
   --backends "${BENCH_BACKENDS:-einsum,torch,triton,cuda}" --rounds 3 --min-time 0.05 \
   --energy-window "${ENERGY_S:-0.1}" --time-limit $(( budget - 60 )) \
   --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/steps.txt"
-tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda 2>>"$OUT/steps.txt"
+if [ "${TRITON_S:-0}" -gt 0 ]; then
+  # triton autotunes each new shape for tens of seconds on a GPU: a few heads of its own, its
+  # first call per shape a warm-up the suite does not time
+  step "triton at ${TRITON_HEADS:-A1,C1}" | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 ))
+  timeout "$budget" "$PY" -m bench run --suite kernels --device cuda --sweeps heads \
+    --heads "${TRITON_HEADS:-A1,C1}" --batches 16,256 --dtypes float32 --passes forward,both \
+    --peers none --backends torch,cuda,triton --rounds 3 --min-time 0.05 --energy-window 0 \
+    --time-limit $(( budget - 30 )) --out /tmp/bench_cuda_triton --no-history --no-plots \
+    >>"$OUT/bench.log" 2>&1
+  echo "triton rc=$?" | tee -a "$OUT/steps.txt"
+fi
+tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda $(ls -d /tmp/bench_cuda_triton 2>/dev/null | \
+  xargs -r -n1 basename) 2>>"$OUT/steps.txt"
 
 step done | tee -a "$OUT/steps.txt"
 head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md; tail -25 "$OUT/tests.log"; head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
