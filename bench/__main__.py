@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "holdout": ("bench.gate_holdout", "the gate's false-alarm and miss rates from a baseline"),
     "dashboard": ("bench.dashboard", "render reports/dashboard/index.html from the history"),
     "render": ("bench.render", "redraw a finished run's charts and summary.md"),
+    "merge": ("bench.merge", "several runs of one machine kind as one report and dispatch table"),
     "predict": ("bench.predict", "roofline predictions for A100/H100 from datasheet peaks"),
     "cpu-targets": ("bench.cpu_targets", "the C++ extension's CPU targets, in one run"),
     "kernel-peak": ("bench.kernel_peak", "each cpp kernel's share of the FMA peak beside it"),

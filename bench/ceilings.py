@@ -124,7 +124,8 @@ class Ceilings:
         kernels = {k: [_best(a, b) for a, b in zip(v, other.peak_kernels.get(k, v), strict=True)]
                    for k, v in self.peak_kernels.items()}
         return Ceilings(
-            {k: max(v, other.matmul_flops.get(k, 0.0)) for k, v in self.matmul_flops.items()},
+            {k: max(self.matmul_flops.get(k, 0.0), other.matmul_flops.get(k, 0.0))
+             for k in {**self.matmul_flops, **other.matmul_flops}},
             max(self.copy_bytes_per_s, other.copy_bytes_per_s),
             _best(self.cache_copy_bytes_per_s, other.cache_copy_bytes_per_s)
             if self.cache_bytes else self.cache_copy_bytes_per_s,

@@ -133,19 +133,23 @@ def evaluate(measured: dict[CaseKey, dict[str, float]], table: Table, device_typ
     return {**counts, "table_misses": misses}
 
 
-def build(df: pd.DataFrame, meta: dict) -> tuple[dict, dict] | None:
-    """(the table, its evaluation) from a run's results, None when no case serves `auto`."""
+def build(df: pd.DataFrame, meta: dict, kind: str | None = None) -> tuple[dict, dict] | None:
+    """(the table, its evaluation) from a run's results, None when no case serves `auto`;
+    `kind` names the machine kind when the results come from another machine (this one's
+    by default)."""
     prov = meta["provenance"]
     device_type = prov["device"]
     measured = cases(df, device_type)
     if not measured:
         return None
-    kind = dispatch.machine_kind(device_type, threads=prov.get("threads"))
+    kind = kind or dispatch.machine_kind(device_type, threads=prov.get("threads"))
     provenance = {"command": meta.get("command", ""), "commit": prov.get("commit", ""),
                   "date": prov.get("date", ""), "preset": meta.get("preset", {}).get("name"),
                   "threads": prov.get("threads"), "device_name": prov.get("device_name", ""),
                   "cpu_id": prov.get("cpu_id", ""), "torch_version": prov.get("torch_version"),
                   "cases": len(measured), "candidates": candidates(device_type),
+                  # a candidate never timed can never win a cell: say which ones competed
+                  "measured": sorted({n for times in measured.values() for n in times}),
                   "load_average": prov.get("load_average")}
     entry_dicts = entries(measured)
     table = {"kind": dispatch.KIND, "schema": dispatch.SCHEMA, "machine_kind": kind,

@@ -1,0 +1,78 @@
+"""`glai-bench merge` (bench/merge.py): runs of one machine kind, taken in pieces within a
+short lease, as one report whose dispatch table is built over all their cases."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import merge, results
+from bench.ceilings import Ceilings
+from bench.test_dispatch_table import _meta, _row
+
+KIND = "cuda-Test-GPU-sm90"
+
+
+def _run(tmp_path, name, rows, ceilings, kind=KIND, machine="test"):
+    out = tmp_path / name
+    meta = _meta()
+    meta["provenance"]["machine"] = machine
+    meta["ceilings"] = ceilings.as_dict()
+    meta["dispatch"] = {"machine_kind": kind}
+    meta["command"] = f"glai-bench run --out {name}"
+    meta["preset"] = {"name": "tiny", "description": "two shapes", "min_time_s": 0.01,
+                      "rounds": 1, "max_call_s": 0.1, "dtypes": ["float32"], "passes": ["both"]}
+    meta.update(baseline="einsum", peers=["torch"], unavailable={}, memory_method="test",
+                energy="absent: test", elapsed_s=1.0)
+    results.write(results.table(rows, ceilings, {}), out, meta)
+    return out
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    # one cell (B = 256, I = 384/385) split across the runs: cpp wins it only over both
+    first = _run(tmp_path, "first", [_row("torch", 256, 10.0), _row("cpp", 256, 5.0)],
+                 Ceilings({"float32": 1e11}, 1e10))
+    second = _run(tmp_path, "second", [_row("torch", 256, 10.0, inputs=385),
+                                       _row("cpp", 256, 11.0, inputs=385)],
+                  Ceilings({"bfloat16": 4e11}, 2e10))
+    return first, second
+
+
+def test_one_report_over_both_runs(two_runs, tmp_path):
+    table, meta = merge.merge([merge.load(r) for r in two_runs])
+    assert len(table) == 4
+    assert meta["command"] == "glai-bench run --out first ; glai-bench run --out second"
+    assert [m["rows"] for m in meta["merged_from"]] == [2, 2]
+    # each ceiling the best of the runs', over both runs' dtypes
+    assert meta["ceilings"]["matmul_flops"] == {"float32": 1e11, "bfloat16": 4e11}
+    assert meta["ceilings"]["copy_bytes_per_s"] == 2e10
+    out = tmp_path / "merged"
+    merge.write(table, meta, out, plots=False)
+    written = json.loads((out / "dispatch" / f"{KIND}.json").read_text())
+    cell = next(e for e in written["entries"] if e["batch_bucket"] == 256)
+    assert cell["cases"] == 2 and cell["winner"] == "cpp"
+    assert cell["slowdown"]["cpp"] == pytest.approx(math.sqrt(1.1), rel=1e-3)
+    assert written["provenance"]["measured"] == ["cpp", "torch"]
+    report = json.loads((out / "results.json").read_text())
+    assert report["dispatch"]["table"] == {"within": 1, "cases": 2}
+    assert "glai-bench run --out second" in (out / "summary.md").read_text()
+
+
+def test_refuses_a_measurement_taken_twice(two_runs):
+    runs = [merge.load(r) for r in two_runs]
+    with pytest.raises(ValueError, match=r"appear in more than one run.*backend=torch"):
+        merge.merge([runs[0], runs[0]])
+
+
+def test_refuses_runs_of_different_machines(two_runs, tmp_path):
+    other = _run(tmp_path, "other", [_row("torch", 16, 1.0)], Ceilings({"float32": 1e11}, 1e10),
+                 machine="elsewhere")
+    with pytest.raises(ValueError, match="one machine kind"):
+        merge.merge([merge.load(two_runs[0]), merge.load(other)])
+    other = _run(tmp_path, "kind", [_row("torch", 16, 1.0)], Ceilings({"float32": 1e11}, 1e10),
+                 kind="cuda-Other-GPU-sm80")
+    with pytest.raises(ValueError, match="several machine kinds"):
+        merge.merge([merge.load(two_runs[0]), merge.load(other)])
