@@ -77,7 +77,9 @@ def cuda_check(session: nox.Session) -> None:
     """Compile every .cu of the extension with nvcc for sm_80 and sm_90 (`-Xptxas -v`), fail on
     a compile error or a register spill, write the report to reports/ptxas/, and compile the
     torch binding with -fsyntax-only. Needs nvcc, not a GPU (`-- --arch 80 --arch 100` to
-    choose the architectures)."""
+    choose the architectures). Then every C++ source against the headers of the oldest torch
+    the package admits (`glai-bench check-headers`: CI builds against one release only)."""
     session.install(*shlex.split(TORCH), "numpy")
     session.install("-e", ".")  # for the glai-bench command
     session.run("glai-bench", "check-cuda", *session.posargs)
+    session.run("glai-bench", "check-headers", "--skip-if-offline")

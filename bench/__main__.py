@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cpu-targets": ("bench.cpu_targets", "the C++ extension's CPU targets, in one run"),
     "kernel-peak": ("bench.kernel_peak", "each cpp kernel's share of the FMA peak beside it"),
     "check-cuda": ("bench.check_cuda", "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
+    "check-headers": ("bench.check_headers",
+                      "the extension's C++ against another torch release's headers"),
 }
 
 
