@@ -168,6 +168,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     if p["device"] == "cpu":
         lines += ["On a CPU shared with other work, absolute times are noisy; read the ratios.",
                   ""]
+    lines += _merged_lines(meta)
     lines += ["## Machine and provenance", "", "| field | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in p.items()]
     lines += ["", "## Ceilings measured in this run", "", *ceilings_report.table_lines(c)]
@@ -235,3 +236,18 @@ def write(df: pd.DataFrame, meta: dict, out_dir: Path) -> Path:
     charts = sorted(p.name for p in (out_dir / "plots").glob("*.png"))
     path.write_text(render(df, meta, charts))
     return path
+
+
+def _merged_lines(meta: dict) -> list[str]:
+    """For a report merged from several runs (bench/merge.py): which runs, and how to read it."""
+    runs = meta.get("merged_from") or []
+    if not runs:
+        return []
+    lines = [f"Merged from {len(runs)} runs of this machine kind (`glai-bench merge`; regenerate "
+             "with each command, then merge): each row keeps the floor and share from its own "
+             "run's ceilings, the ceilings below are the best of the runs', the provenance "
+             "table is the first run's.", "", "| run | date | commit | rows | command |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {n} | {r['date']} | `{r['commit']}` | {r['rows']} | `{r['command']}` |"
+              for n, r in enumerate(runs, 1)]
+    return [*lines, ""]

@@ -58,7 +58,9 @@ def test_one_report_over_both_runs(two_runs, tmp_path):
     assert written["provenance"]["measured"] == ["cpp", "torch"]
     report = json.loads((out / "results.json").read_text())
     assert report["dispatch"]["table"] == {"within": 1, "cases": 2}
-    assert "glai-bench run --out second" in (out / "summary.md").read_text()
+    page = (out / "summary.md").read_text()
+    assert "Merged from 2 runs" in page and "| 2 |" in page
+    assert "glai-bench run --out second" in page
 
 
 def test_refuses_a_measurement_taken_twice(two_runs):
