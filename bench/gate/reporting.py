@@ -42,7 +42,13 @@ def report(verdict: Comparison, baseline: dict, *, limit: int = 40) -> str:
         if n_case and len(table):
             w = table.loc[table["log_dev"].idxmin()]
             text += (f"; the largest drop {_pct(w['log_dev'])} ({w['backend']} {w['head']} "
-                     f"{w['shape']} {w['pass']} {w['metric']}, threshold {_drop(w['threshold'])})")
+                     f"{w['shape']} {w['pass']} {w['metric']}, threshold {_drop(w['threshold'])}")
+            if w["beyond"]:
+                # only a case's speedup passes beyond its threshold (stats._confirmed_by_its_share)
+                text += ("; beyond it, but the backend held its roofline share there: the "
+                         "oracle ran faster, the backend no slower")
+            text += ")"
+
         lines.append(text)
         return "\n".join(lines)
     # per-backend medians first: they say which backend; the cases then say where
