@@ -114,6 +114,18 @@ def cuda_include_dir(nvcc: str) -> Path | None:
     return next((c for c in candidates if (c / "cuda_runtime.h").exists()), None)
 
 
+def cuda_macros_stub(include_dirs: list[Path], folder: Path) -> list[str]:
+    """The flag adding a stand-in for the header the CUDA build generates
+    (c10/cuda/impl/cuda_cmake_macros.h), written under `folder`, when none of `include_dirs`
+    has it (a CPU wheel's headers lack it); [] when one has."""
+    generated = Path("c10/cuda/impl/cuda_cmake_macros.h")
+    if any((d / generated).exists() for d in include_dirs):
+        return []
+    (folder / generated).parent.mkdir(parents=True)
+    (folder / generated).write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    return [f"-isystem{folder}"]
+
+
 def check_binding(nvcc: str, source: Path) -> str | None:
     """Compile a binding (cuda/*.cpp) with -fsyntax-only against torch's headers; the error
     or None."""
@@ -131,12 +143,7 @@ def check_binding(nvcc: str, source: Path) -> str | None:
     with tempfile.TemporaryDirectory() as stub:
         includes = [f"-I{csrc}", f"-I{cuda_include}"]
         includes += [f"-isystem{p}" for p in include_paths()]
-        generated = Path("c10/cuda/impl/cuda_cmake_macros.h")
-        if not any((Path(p) / generated).exists() for p in include_paths()):
-            (Path(stub) / generated).parent.mkdir(parents=True)
-            (Path(stub) / generated).write_text(
-                "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-            includes.append(f"-isystem{stub}")
+        includes += cuda_macros_stub([Path(p) for p in include_paths()], Path(stub))
         done = subprocess.run([compiler, "-std=c++20", "-fsyntax-only", "-Wall", *includes,
                                str(source)], capture_output=True, text=True)
     return None if done.returncode == 0 else done.stderr[-4000:]

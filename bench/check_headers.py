@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,12 +26,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from bench.check_cuda import cuda_include_dir, cuda_macros_stub, find_nvcc
 from glai_kernels import extension
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFINES = ("-DTORCH_EXTENSION_NAME=glai_ext", "-DTORCH_API_INCLUDE_EXTENSION_H")
-# a header the CUDA build generates, absent from CPU wheels' include folders
-CUDA_MACROS = Path("c10/cuda/impl/cuda_cmake_macros.h")
 
 
 def oldest_admitted() -> str:
@@ -72,32 +70,20 @@ class FetchError(RuntimeError):
     """The release's wheel could not be had (no network, no wheel for this Python)."""
 
 
-def cuda_include() -> Path | None:
-    """The CUDA toolkit's include folder, where one is installed."""
-    candidates = [Path(os.environ["CUDA_HOME"]) / "include"] if os.environ.get("CUDA_HOME") else []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(nvcc).resolve().parent.parent / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
-    return next((c for c in candidates if (c / "cuda_runtime.h").exists()), None)
-
-
-def syntax_errors(source: Path, include: Path, compiler: str | None = None) -> str | None:
+def syntax_errors(source: Path, include: Path, cuda_include: Path | None = None,
+                  compiler: str | None = None) -> str | None:
     """Compile `source` with -fsyntax-only against the torch headers in `include` (a
-    torch/include folder) and the extension's flags; the compiler's errors, or None."""
+    torch/include folder), the CUDA toolkit's headers in `cuda_include` (if any) and the
+    extension's flags; the compiler's errors, or None."""
     compiler = compiler or os.environ.get("CXX", "c++")
     flags = [f for f in extension.CFLAGS if f != "-O3"]  # no code is generated
     includes = [f"-I{extension.CSRC}", f"-isystem{include}",
                 f"-isystem{include / 'torch' / 'csrc' / 'api' / 'include'}",
                 f"-isystem{sysconfig.get_paths()['include']}"]
-    cuda = cuda_include()
-    if cuda is not None:
-        includes.append(f"-isystem{cuda}")
+    if cuda_include is not None:
+        includes.append(f"-isystem{cuda_include}")
     with tempfile.TemporaryDirectory() as stub:
-        if not (include / CUDA_MACROS).exists():
-            (Path(stub) / CUDA_MACROS).parent.mkdir(parents=True)
-            (Path(stub) / CUDA_MACROS).write_text("#pragma once\n")
-            includes.append(f"-isystem{stub}")
+        includes += cuda_macros_stub([include], Path(stub))
         done = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", *flags, *DEFINES,
                                *includes, str(source)], capture_output=True, text=True)
     return None if done.returncode == 0 else (done.stdout + done.stderr)[-4000:]
@@ -130,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"check-headers: {error}")
             return 0 if args.skip_if_offline else 1
         label = f"torch {version}"
+    nvcc = find_nvcc()
+    cuda_include = cuda_include_dir(nvcc) if nvcc else None
     failed = 0
     for source in sources():
         name = source.relative_to(ROOT)
-        if "cuda" in source.parts and cuda_include() is None:
+        if "cuda" in source.parts and cuda_include is None:
             print(f"skipped {name}: no CUDA toolkit headers")
             continue
-        error = syntax_errors(source, include)
+        error = syntax_errors(source, include, cuda_include)
         print(f"{'ok' if error is None else 'FAILED'} {name} against {label}")
         if error is not None:
             failed += 1

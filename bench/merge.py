@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench import dispatch_table, results, summary
 from bench.ceilings import Ceilings
+from bench.suite import write_reports
 
 # what makes two rows the same measurement
 ROW_KEY = ["backend", "dtype", "pass", "batch", "inputs", "paths", "outputs", "sweep", "mu"]
@@ -82,25 +82,9 @@ def merge(runs: list[tuple[pd.DataFrame, dict]]) -> tuple[pd.DataFrame, dict]:
 
 def write(table: pd.DataFrame, meta: dict, out_dir: Path, install: bool = False,
           plots: bool = True) -> list[Path]:
-    """The merged run's dispatch table, results, plots and summary in `out_dir`."""
-    written: list[Path] = []
-    built = dispatch_table.build(table, meta, meta.get("machine_kind"))
-    if built is not None:
-        dispatch, evaluation = built
-        path = dispatch_table.write(dispatch, out_dir)
-        meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
-        written.append(path)
-        if install:
-            installed = dispatch_table.install(path)
-            meta["dispatch"]["installed"] = str(installed.relative_to(installed.parents[2]))
-            written.append(installed)
-    written.extend(results.write(table, out_dir, meta))
-    if plots:
-        from bench import plots as plots_mod
-
-        written.extend(plots_mod.write_all(table, meta, out_dir / "plots"))
-    written.append(summary.write(table, meta, out_dir))
-    return written
+    """The merged run's files in `out_dir`, as a run writes them (`suite.write_reports`), its
+    dispatch table for the runs' machine kind."""
+    return write_reports(table, meta, out_dir, install, plots, meta.get("machine_kind"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -151,26 +151,33 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     }
     output = RunOutput(table, meta)
     if out_dir is not None:
-        from bench import dispatch_table
-
-        built = dispatch_table.build(table, meta)
-        if built is not None:
-            dispatch, evaluation = built
-            path = dispatch_table.write(dispatch, out_dir)
-            meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
-            output.files.append(path)
-            if install_dispatch:
-                installed = dispatch_table.install(path)
-                meta["dispatch"]["installed"] = str(installed.relative_to(
-                    installed.parents[2]))
-                output.files.append(installed)
-        output.files.extend(results.write(table, out_dir, meta))
-        if plots:
-            from bench import plots as plots_mod
-
-            output.files.extend(plots_mod.write_all(table, meta, out_dir / "plots"))
-        from bench import summary
-
-        output.files.append(summary.write(table, meta, out_dir))
+        output.files.extend(write_reports(table, meta, out_dir, install_dispatch, plots))
         meta["elapsed_s"] = round(time.perf_counter() - started, 1)
     return output
+
+
+def write_reports(table: pd.DataFrame, meta: dict, out_dir: Path, install_dispatch: bool = False,
+                  plots: bool = True, kind: str | None = None) -> list[Path]:
+    """A run's files in `out_dir`: its dispatch table (for machine kind `kind`, this machine's
+    by default; copied into glai_kernels/dispatch/ with `install_dispatch`), results.csv and
+    .json, plots/ and summary.md. Records the table's evaluation in meta["dispatch"]."""
+    from bench import dispatch_table, summary
+
+    written: list[Path] = []
+    built = dispatch_table.build(table, meta, kind)
+    if built is not None:
+        dispatch, evaluation = built
+        path = dispatch_table.write(dispatch, out_dir)
+        meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
+        written.append(path)
+        if install_dispatch:
+            installed = dispatch_table.install(path)
+            meta["dispatch"]["installed"] = str(installed.relative_to(installed.parents[2]))
+            written.append(installed)
+    written.extend(results.write(table, out_dir, meta))
+    if plots:
+        from bench import plots as plots_mod
+
+        written.extend(plots_mod.write_all(table, meta, out_dir / "plots"))
+    written.append(summary.write(table, meta, out_dir))
+    return written

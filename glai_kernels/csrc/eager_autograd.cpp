@@ -29,8 +29,8 @@ namespace {
 
 using torch::autograd::variable_list;
 
-// torch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases (2.4-2.11 at
-// least) in std::shared_ptr; a node is made the way this torch's Edge holds one, so the
+// torch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier releases (2.11 checked)
+// in std::shared_ptr; a node is made the way this torch's Edge holds one, so the
 // extension builds against every torch the package's requirement admits.
 using NodeHandle = decltype(torch::autograd::Edge::function);
 
