@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from bench.ceilings import LIBRARY_GEMM
+from bench.physical import NOT_A_CEILING
 from bench.shares import LIMIT_PCT, MODEL_WRONG
 
 
@@ -38,6 +39,8 @@ def table_lines(c: dict) -> list[str]:
                          f"{_gflops(c['matmul_flops'][dtype])} | {why} |")
     for n, (kernel, (one, many)) in enumerate((c.get("peak_kernels") or {}).items()):
         how = details.get("peak", "") if n == 0 else "the same"
+        if kernel in NOT_A_CEILING:
+            how = f"{how}; {NOT_A_CEILING[kernel]}"
         lines.append(f"| peak kernel {kernel} | {_gflops(one)} (1 thread), {_gflops(many)} "
                      f"({threads} threads) | {how} |")
     for dtype, flops in c["matmul_flops"].items():

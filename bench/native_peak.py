@@ -6,8 +6,10 @@ a failed build here leaves the kernels alone and makes `load()` return the reaso
 ceilings then carry as their label (the fallback is the library GEMM's rate, flagged).
 
 - `fma_rate(kernel, threads)`: FLOP/s of `threads` threads each issuing 12 independent chains
-  of FMA (float32/float64, AVX-512 or AVX2) or bf16 dot products (`vdpbf16ps`: 2 products
-  and 2 adds per float32 lane, 4 FLOPs per lane) on finite, non-denormal values.
+  of FMA (float32/float64, AVX-512 or AVX2; float16 with AVX512-FP16) or bf16 dot products
+  (`vdpbf16ps`: 2 products and 2 adds per float32 lane, 4 FLOPs per lane), or four
+  independent AMX tile products (`tdpbf16ps`, 16 x 32 by 32 x 16 bf16 into float32: 16,384
+  FLOPs each), on finite, non-denormal values.
 - `triad_rate(nbytes, threads)`: bytes/s of a[i] = b[i] + s·c[i] on three float32 arrays of
   `nbytes` together, counting each array once (3·n·4 bytes, STREAM's convention: the
   write-allocate read of `a` that a cache without streaming stores does is *not* counted,
@@ -37,6 +39,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "avx512_f64": ("avx512f", "float64"),
     "avx2_f64": ("avx2", "float64"),
     "avx512bf16": ("avx512bf16", "bfloat16"),
+    "amx_bf16": ("amx_bf16", "bfloat16"),
+    "avx512_f16": ("avx512fp16", "float16"),
 }
 
 
@@ -79,7 +83,8 @@ def _require() -> None:
 
 
 def supports(isa: str) -> bool:
-    """Whether this CPU has `isa` ("avx512f", "avx2" with FMA, "avx512bf16")."""
+    """Whether this CPU has `isa` ("avx512f", "avx2" with FMA, "avx512bf16", "avx512fp16",
+    "amx_bf16": the tiles, granted by the OS)."""
     _require()
     return bool(torch.ops.glai_peak.supports(isa))
 

@@ -6,9 +6,14 @@ whatever the backend uses: a kernel that leaves AVX-512 unused is short of what 
 can do, and its share says so.
 
     float32, float64   AVX-512 FMA, else AVX2 FMA (2 FLOPs per lane)
-    bfloat16           AVX512_BF16 `vdpbf16ps` (2 products + 2 adds per float32 lane: 4
-                       FLOPs), else the float32 FMA peak (the kernels widen to float32)
-    float16            the float32 FMA peak (no AVX512-FP16 kernels: they widen to float32)
+    bfloat16           AMX `tdpbf16ps` tiles where the OS grants them, else AVX512_BF16
+                       `vdpbf16ps` (2 products + 2 adds per float32 lane: 4 FLOPs), else
+                       the float32 FMA peak (the kernels widen to float32); both of the
+                       first two add into float32 sums, as the op's contract requires
+    float16            the float32 FMA peak. The op sums float16 products in float32, and no
+                       instruction these CPUs have multiplies float16 into float32 sums but
+                       the float32 FMA after widening; AVX512-FP16's FMA (float16 sums) is
+                       measured and reported beside it (`avx512_f16`), not a ceiling here.
 
 At the run's N threads the ceiling is the higher of the N-thread measurement and N times the
 one-thread one: a core cannot go faster when its neighbours also run, and on a shared machine
@@ -28,12 +33,16 @@ from dataclasses import dataclass, field
 CPU_KERNELS_FOR: dict[str, tuple[str, ...]] = {
     "float32": ("avx512_f32", "avx2_f32"),
     "float64": ("avx512_f64", "avx2_f64"),
-    "bfloat16": ("avx512bf16", "avx512_f32", "avx2_f32"),
+    "bfloat16": ("amx_bf16", "avx512bf16", "avx512_f32", "avx2_f32"),
     "float16": ("avx512_f32", "avx2_f32"),
 }
+# peak kernels measured and reported that bound no dtype of the op, and why
+NOT_A_CEILING: dict[str, str] = {
+    "avx512_f16": "float16 sums: not a ceiling (the op sums float16 products in float32)"}
 KERNEL_ISA: dict[str, str] = {"avx512_f32": "avx512f", "avx512_f64": "avx512f",
                               "avx2_f32": "avx2", "avx2_f64": "avx2",
-                              "avx512bf16": "avx512bf16"}
+                              "avx512bf16": "avx512bf16", "amx_bf16": "amx_bf16",
+                              "avx512_f16": "avx512fp16"}
 
 
 @dataclass(frozen=True)

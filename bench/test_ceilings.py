@@ -40,6 +40,27 @@ def test_the_best_instruction_set_sets_the_ceiling():
     assert cpu_compute_ceiling(ZEN5, "float16")[0] == 500e9
 
 
+def test_amx_tiles_set_the_bfloat16_ceiling_and_float16_sums_do_not():
+    # a Sapphire-Rapids-like description: AMX tiles, AVX512-FP16 FMA at twice float32's rate
+    spr = Machine(frozenset({"avx512f", "avx2", "avx512bf16", "amx_bf16", "avx512fp16"}), 2,
+                  {"avx512_f32": (130e9, 250e9), "avx512bf16": (260e9, 500e9),
+                   "amx_bf16": (1900e9, 3700e9), "avx512_f16": (260e9, 500e9)})
+    assert cpu_compute_ceiling(spr, "bfloat16") == (3800e9, "amx_bf16 peak kernel, "
+                                                            "2 x the 1-thread rate")
+    # float16 products are summed in float32 (the contract): float16 FMA is no ceiling
+    assert cpu_compute_ceiling(spr, "float16") == cpu_compute_ceiling(spr, "float32")
+    # tiles the OS did not grant (no "amx_bf16" instruction set) leave vdpbf16ps the ceiling
+    denied = Machine(spr.isas - {"amx_bf16"}, 2, spr.rates)
+    assert cpu_compute_ceiling(denied, "bfloat16")[0] == 520e9
+    # the report lists the float16 FMA's rate and says it bounds nothing
+    c = Ceilings({"float32": 1e11}, 1e10, peak_flops={"float32": 2.6e11}, threads=2,
+                 peak_kernels={k: list(v) for k, v in spr.rates.items()})
+    lines = {line.split("|")[1].strip(): line for line in ceilings_report.table_lines(c.as_dict())
+             if line.startswith("| peak kernel")}
+    assert "not a ceiling" in lines["peak kernel avx512_f16"]
+    assert "not a ceiling" not in lines["peak kernel amx_bf16"]
+
+
 def test_a_cpu_without_avx512_gets_the_avx2_ceiling():
     # a rate for an instruction set it lacks (a stale or foreign entry) is ignored
     avx2 = Machine(frozenset({"avx2"}), 1, {"avx2_f32": (125e9, 120e9),
@@ -180,3 +201,10 @@ def test_the_guard_over_committed_runs_bites_once_they_have_physical_ceilings(tm
     run["ceilings"] = {"matmul_flops": {"float32": 2e11}, "copy_bytes_per_s": 4e10}
     path.write_text(json.dumps(run))
     assert shares.check_run(path) == (shares.STALE, [])
+
+
+def test_a_dram_sized_benchmark_outgrows_a_large_last_level_cache(monkeypatch):
+    monkeypatch.setattr(ceilings, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert ceilings.beyond_cache(ceilings.CPU_TRIAD_BYTES, 3) == ceilings.CPU_TRIAD_BYTES
+    monkeypatch.setattr(ceilings, "last_level_cache_bytes", lambda: 300 * 2**20)
+    assert ceilings.beyond_cache(ceilings.CPU_TRIAD_BYTES, 3) == 900 * 2**20

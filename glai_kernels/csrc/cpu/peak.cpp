@@ -2,17 +2,21 @@
 // ceilings bench/ceilings.py judges the kernels against. Not part of glai_ext (built apart by
 // bench/native_peak.py, so a failed build here never touches the kernels).
 //
-//   glai_peak::supports(str isa) -> bool        "avx512f", "avx2" (with FMA), "avx512bf16"
+//   glai_peak::supports(str isa) -> bool        "avx512f", "avx2" (with FMA), "avx512bf16",
+//       "avx512fp16", "amx_bf16" (the CPU has the tiles and the OS granted their state)
 //   glai_peak::fma(str kernel, int iterations, int threads) -> (float seconds, float flops)
 //       `threads` threads each run `iterations` rounds of kChains independent FMA (or bf16
-//       dot-product) instructions; seconds is the wall time from a common start to the last
-//       thread's end. Kernels: avx512_f32, avx512_f64, avx2_f32, avx2_f64, avx512bf16.
+//       dot-product) instructions, or of four independent AMX tile products; seconds is the
+//       wall time from a common start to the last thread's end. Kernels: avx512_f32,
+//       avx512_f64, avx2_f32, avx2_f64, avx512bf16, avx512_f16, amx_bf16.
 //   glai_peak::triad(Tensor a, Tensor b, Tensor c, float s, int reps, int threads) -> float
 //       the fastest of `reps` rounds of a[i] = b[i] + s * c[i] (float32, split in contiguous
 //       chunks across `threads` threads started once), in seconds.
 //
 // FLOPs: an FMA lane is 2 (multiply, add). vdpbf16ps adds two bf16 products into each float32
-// lane: 2 products and 2 adds, 4 FLOPs per lane, 64 per 512-bit instruction.
+// lane: 2 products and 2 adds, 4 FLOPs per lane, 64 per 512-bit instruction. An AMX
+// tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 float32 sums:
+// 16 * 16 * 32 multiply-adds, 16,384 FLOPs.
 //
 // The chains converge to a finite value (acc = acc * m + c with 0 < m < 1), so no lane ever
 // becomes denormal, infinite or NaN, which would slow some units down.
@@ -31,7 +35,10 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PEAK_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace glai_peak {
@@ -138,6 +145,72 @@ __attribute__((target("avx512f,avx512bf16"))) double dp_avx512bf16(int64_t itera
   for (int k = 1; k < kChains; ++k) acc[0] = _mm512_add_ps(acc[0], acc[k]);
   return _mm512_reduce_add_ps(acc[0]);
 }
+
+// acc += a * b in half precision (32 lanes): the same converging chain as the others.
+__attribute__((target("avx512f,avx512fp16"))) double fma_avx512_f16(int64_t iterations) {
+  PEAK_CHAINS(__m512h, _mm512_set1_ph, _mm512_fmadd_ph, _mm512_add_ph, _mm512_reduce_add_ph)
+}
+
+// Linux keeps AMX's 8 KiB tile state off until a process asks for it (arch_prctl); a CPU
+// whose tiles the OS will not grant cannot run the kernel.
+static bool amx_granted() {
+  static const bool granted = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
+    constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+    return tile && bf16 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
+}
+
+// The tile palette's layout (Intel SDM, LDTILECFG): every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Four accumulator tiles (2 x 2 blocking, as a GEMM's inner loop holds them), operands loaded
+// once: the tile unit's own rate, as the FMA chains measure the vector units'. Products of
+// 0.03 x 0.03 grow each sum by ~0.03 a product: finite for any run length used here.
+__attribute__((target("amx-tile,amx-bf16"))) double amx_bf16_tiles(int64_t iterations) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+  _tile_loadconfig(&config);
+  alignas(64) uint16_t operand[16 * 32];
+  const float value = 0.03f;
+  uint32_t bits;
+  __builtin_memcpy(&bits, &value, 4);
+  for (uint16_t& v : operand) v = static_cast<uint16_t>(bits >> 16);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t n = 0; n < iterations; ++n) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float sums[4][16 * 16];
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+  _tile_release();
+  double total = 0;
+  for (const auto& tile : sums)
+    for (float v : tile) total += v;
+  return total;
+}
 #endif  // PEAK_X86
 
 bool supports(std::string isa) {
@@ -147,6 +220,9 @@ bool supports(std::string isa) {
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (isa == "avx512bf16")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512fp16")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512fp16");
+  if (isa == "amx_bf16") return amx_granted();
 #endif
   (void)isa;
   return false;
@@ -156,13 +232,17 @@ std::tuple<double, double> fma(std::string kernel, int64_t iterations, int64_t t
   TORCH_CHECK(iterations > 0 && threads > 0, "glai_peak::fma: iterations and threads > 0");
 #if PEAK_X86
   double (*fn)(int64_t) = nullptr;
-  double flops_per_instruction = 0;  // FLOPs one vector instruction does
+  double flops_per_round = 0;  // FLOPs of one iteration: kChains vector instructions, or
+                               // four tile products
   std::string isa;
-  if (kernel == "avx512_f32") fn = fma_avx512_f32, flops_per_instruction = 32, isa = "avx512f";
-  if (kernel == "avx512_f64") fn = fma_avx512_f64, flops_per_instruction = 16, isa = "avx512f";
-  if (kernel == "avx2_f32") fn = fma_avx2_f32, flops_per_instruction = 16, isa = "avx2";
-  if (kernel == "avx2_f64") fn = fma_avx2_f64, flops_per_instruction = 8, isa = "avx2";
-  if (kernel == "avx512bf16") fn = dp_avx512bf16, flops_per_instruction = 64, isa = "avx512bf16";
+  const double chains = kChains;
+  if (kernel == "avx512_f32") fn = fma_avx512_f32, flops_per_round = 32 * chains, isa = "avx512f";
+  if (kernel == "avx512_f64") fn = fma_avx512_f64, flops_per_round = 16 * chains, isa = "avx512f";
+  if (kernel == "avx2_f32") fn = fma_avx2_f32, flops_per_round = 16 * chains, isa = "avx2";
+  if (kernel == "avx2_f64") fn = fma_avx2_f64, flops_per_round = 8 * chains, isa = "avx2";
+  if (kernel == "avx512bf16") fn = dp_avx512bf16, flops_per_round = 64 * chains, isa = "avx512bf16";
+  if (kernel == "avx512_f16") fn = fma_avx512_f16, flops_per_round = 64 * chains, isa = "avx512fp16";
+  if (kernel == "amx_bf16") fn = amx_bf16_tiles, flops_per_round = 4 * 16384.0, isa = "amx_bf16";
   TORCH_CHECK(fn != nullptr, "glai_peak::fma: unknown kernel ", kernel);
   TORCH_CHECK(supports(isa), "glai_peak::fma: this CPU lacks ", isa);
   std::vector<double> sink(threads);
@@ -171,7 +251,7 @@ std::tuple<double, double> fma(std::string kernel, int64_t iterations, int64_t t
   for (double s : sink)
     TORCH_CHECK(s == s && s < std::numeric_limits<double>::infinity(),
                 "glai_peak::fma: accumulators left the finite range");
-  const double flops = flops_per_instruction * kChains * static_cast<double>(iterations) *
+  const double flops = flops_per_round * static_cast<double>(iterations) *
                        static_cast<double>(threads);
   return {seconds, flops};
 #else
