@@ -139,6 +139,10 @@ def overview() -> str:
     return "\n".join(lines)
 
 
+# commands that time torch's matmuls, which bench/onednn_guard.py keeps from crashing
+TIMING_COMMANDS = ("run", "gate", "kernel-peak", "cpu-targets")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `argv` (default sys.argv[1:]) to its command; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -149,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         command, argv = argv[0], argv[1:]
     else:
         command = "run"  # `python -m bench --preset quick`, as before the commands
+    if command in TIMING_COMMANDS:
+        from bench import onednn_guard
+
+        reason = onednn_guard.apply()  # before this process's first bfloat16 matmul
+        if reason:
+            print(f"note: {reason}", file=sys.stderr)
     if command == "run":
         return run(argv)
     module = importlib.import_module(COMMANDS[command][0])

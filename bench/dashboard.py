@@ -4,10 +4,12 @@
     (also `nox -s dashboard`)
 
 The page holds everything inline (PNG plots as data URLs, CSS, a little JavaScript), so it opens
-from a file. Per machine, dtype and pass: each backend's speedup over the baseline backend and
+from a file. Per machine kind (`bench.history.machine_kind`: on a CPU, with its model), dtype
+and pass: each backend's speedup over the baseline backend and
 % of roofline across the recorded runs, one panel per paper head (a line per backend and batch);
 the latest run's full table; the list of runs. Filters (machine, dtype, pass) hide what does not
-match; the URL fragment sets them (`index.html#machine=cpu-2core&dtype=float32`).
+match; the URL fragment sets them
+(`index.html#machine=cpu-2core-GenuineIntel-family-6-model-207&dtype=float32`).
 
 When its script has run, the page marks itself for the browser test: `<body data-status="ready"
 data-plots=N data-blank=K data-errors=...>`, where K counts plots whose pixels are all one colour.

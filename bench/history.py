@@ -4,7 +4,8 @@
     records = load(Path("reports/history"))                     # oldest first
     frame(records)                                              # one row per measurement
 
-A record is one file, `<machine>/<date>-<commit>-<preset>.json`, so two branches adding
+A record is one file, `<machine kind>/<date>-<commit>-<preset>.json` (`machine_kind`: on a
+CPU the label and the CPU's vendor, family and model), so two branches adding
 records never conflict in git and a record is never edited after it is written. It is written
 to a temporary file in the same folder and hard-linked into place under a name nobody has
 taken (`os.link` fails on an existing name, atomically, so two processes appending in the same
@@ -108,7 +109,7 @@ def make_record(results: dict) -> dict:
     return {
         "kind": KIND, "schema": SCHEMA,
         "commit": prov.get("commit", "unknown"), "date": prov["date"],
-        "machine": prov["machine"], "device": prov.get("device", ""),
+        "machine": machine_kind(prov), "device": prov.get("device", ""),
         "device_name": prov.get("device_name", ""),
         "preset": results.get("preset", {}).get("name", "custom"),
         "command": results.get("command", ""), "baseline": results.get("baseline", ""),
@@ -118,6 +119,17 @@ def make_record(results: dict) -> dict:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "unknown"
+
+
+def machine_kind(provenance: dict) -> str:
+    """What runs are compared within (the history's folders, the dashboard's trends, the gate's
+    baselines): the machine label and, on a CPU, the CPU's vendor, family and model. Two CPUs
+    behind one label ("cpu-2core") differ in instruction sets and caches, so their times and
+    ratios are not one series."""
+    kind = provenance["machine"]
+    if provenance.get("device", "cpu") == "cpu":
+        kind += f"-{provenance.get('cpu_id') or 'unknown-cpu'}"
+    return slug(kind)
 
 
 def record_name(record: dict) -> str:
@@ -250,6 +262,10 @@ def parse(raw: dict, path: Path | None = None) -> Record | None:
     validate(raw)
     rows = [{**dict.fromkeys(ROW_FIELDS), **row} for row in raw["rows"]]
     fields = {k: str(raw.get(k, "")) for k in RECORD_FIELDS}
+    provenance = raw.get("provenance", {})
+    if provenance.get("machine"):
+        # records written before machine_kind named their CPU machine by label alone
+        fields["machine"] = machine_kind(provenance)
     return Record(**fields, ceilings=raw.get("ceilings", {}),
                   provenance=raw.get("provenance", {}), rows=rows, path=path)
 

@@ -123,6 +123,9 @@ def collect(device: torch.device) -> dict[str, object]:
         "glai_kernels_version": glai_kernels.__version__,
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
         "glai_backend_env": os.environ.get("GLAI_BACKEND", ""),
+        # set by bench/onednn_guard.py (or the user): which oneDNN instruction sets ran, why
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+        "onednn_guard": os.environ.get("GLAI_ONEDNN_GUARD", ""),
     }
     if device.type == "cuda":
         info.update(_gpu(device))

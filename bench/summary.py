@@ -168,6 +168,8 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     if p["device"] == "cpu":
         lines += ["On a CPU shared with other work, absolute times are noisy; read the ratios.",
                   ""]
+    if p.get("onednn_guard"):
+        lines += [f"**Note:** {p['onednn_guard']}.", ""]
     lines += _merged_lines(meta)
     lines += ["## Machine and provenance", "", "| field | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in p.items()]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench import dashboard, history
-from bench.test_history import MALFORMED, results, write_malformed
+from bench.test_history import KIND, MALFORMED, results, write_malformed
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                 "google-chrome"))), None)
@@ -61,7 +61,7 @@ def test_latest_table_shows_each_machines_last_run(page):
     text = page.read_text()
     latest = text.split('<table id="latest">')[1].split("</table>")[0]
     rows = re.findall(r"<tr data-machine=\"([^\"]+)\"", latest)
-    assert rows.count("cpu-2core") == 4 and rows.count("cuda-NVIDIA-H100") == 2
+    assert rows.count(KIND) == 4 and rows.count("cuda-NVIDIA-H100") == 2
     # the last cpu run had speedup 1.5; the winner is marked
     assert "<td>1.50</td>" in latest and 'class="winner"' in latest
     runs = text.split('<table id="runs">')[1]
@@ -93,7 +93,7 @@ def test_the_dashboard_renders_past_malformed_records(tmp_path, capsys):
 def test_the_dashboard_names_a_foreign_file(tmp_path, capsys):
     hist = tmp_path / "history"
     history.append(results(), hist)
-    (hist / "cpu-2core" / "notes.json").write_text('{"kind": "something else"}')
+    (hist / KIND / "notes.json").write_text('{"kind": "something else"}')
     assert dashboard.main(["--history", str(hist), "--out", str(tmp_path / "i.html")]) == 2
     assert "notes.json is not a glai-kernels history record" in capsys.readouterr().out
 
@@ -124,13 +124,13 @@ def test_chromium_renders_the_plots_without_script_errors(page):
 
 @needs_chromium
 def test_chromium_applies_the_filters_from_the_url(page):
-    proc = _chromium("--dump-dom", page.as_uri() + "#machine=cpu-2core&dtype=bfloat16")
+    proc = _chromium("--dump-dom", page.as_uri() + f"#machine={KIND}&dtype=bfloat16")
     dom = proc.stdout
     assert _body(dom).get("status") == "ready", proc.stderr[-2000:]
     figures = re.findall(r"<figure ([^>]*)>", dom)
     shown = [f for f in figures if "hidden" not in f]
     assert len(figures) == 3 and len(shown) == 1
-    assert 'data-dtype="bfloat16"' in shown[0] and 'data-machine="cpu-2core"' in shown[0]
+    assert 'data-dtype="bfloat16"' in shown[0] and f'data-machine="{KIND}"' in shown[0]
     assert "1 plots shown" in dom
 
 

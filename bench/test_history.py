@@ -18,6 +18,9 @@ import pytest
 from bench import history
 from bench.history import ROOT
 
+# the folder and machine of a record made by results() on its CPU
+KIND = "cpu-2core-TestCPU-family-1-model-1"
+
 
 def results(commit: str = "a" * 40, date: str = "2026-11-22T03:00:00+00:00",
             machine: str = "cpu-2core", speedup: float = 2.0) -> dict:
@@ -27,7 +30,8 @@ def results(commit: str = "a" * 40, date: str = "2026-11-22T03:00:00+00:00",
             "status": "ok", "correct": True}
     return {
         "command": "python -m bench --preset quick", "baseline": "einsum",
-        "provenance": {"commit": commit, "date": date, "machine": machine, "device": "cpu",
+        "provenance": {"commit": commit, "date": date, "machine": machine,
+                       "device": machine.split("-")[0], "cpu_id": "TestCPU family 1 model 1",
                        "device_name": "AMD EPYC", "load_average": 0.5},
         "preset": {"name": "quick"},
         "ceilings": {"matmul_flops": {"float32": 2e11}},
@@ -42,7 +46,7 @@ def results(commit: str = "a" * 40, date: str = "2026-11-22T03:00:00+00:00",
 def test_append_then_load_round_trips(tmp_path):
     first = history.append(results(commit="1" * 40, date="2026-11-20T00:00:00+00:00"), tmp_path)
     second = history.append(results(commit="2" * 40, speedup=3.0), tmp_path)
-    assert first.parent.name == "cpu-2core" and first.name.startswith("20261120T000000Z-1111")
+    assert first.parent.name == KIND and first.name.startswith("20261120T000000Z-1111")
     records = history.load(tmp_path)
     assert [r.path for r in records] == [first, second]  # oldest first
     assert records[1].commit == "2" * 40 and records[1].preset == "quick"
@@ -64,7 +68,7 @@ def test_load_filters_by_machine_and_rejects_foreign_files(tmp_path):
     history.append(results(machine="cuda-NVIDIA-H100"), tmp_path)
     assert [r.machine for r in history.load(tmp_path, machine="cuda-NVIDIA-H100")] == [
         "cuda-NVIDIA-H100"]
-    (tmp_path / "cpu-2core" / "notes.json").write_text('{"kind": "something else"}')
+    (tmp_path / KIND / "notes.json").write_text('{"kind": "something else"}')
     with pytest.raises(ValueError, match=r"notes\.json is not a glai-kernels history record"):
         history.load(tmp_path)
 
@@ -81,7 +85,7 @@ def test_a_failed_write_leaves_the_history_as_it_was(tmp_path, monkeypatch, step
     monkeypatch.setattr(history.os, step, fail)
     with pytest.raises(OSError, match="disk full"):
         history.append(results(commit="b" * 40), tmp_path)
-    assert sorted(p.name for p in (tmp_path / "cpu-2core").iterdir()) == [kept.name]
+    assert sorted(p.name for p in (tmp_path / KIND).iterdir()) == [kept.name]
     assert kept.read_bytes() == before
 
 
@@ -133,7 +137,7 @@ def test_concurrent_writers_never_lose_a_record(tmp_path, writers):
         for p in procs:
             p.join(timeout=120)
         assert [p.exitcode for p in procs] == [0] * writers
-        files = sorted(p.name for p in (folder / "cpu-2core").iterdir())
+        files = sorted(p.name for p in (folder / KIND).iterdir())
         assert len(files) == writers * 10, f"trial {trial}: {len(files)} records: {files}"
         assert len(history.load(folder)) == writers * 10
 
@@ -152,7 +156,7 @@ def test_a_writer_killed_midway_leaves_the_history_intact(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
                           cwd=ROOT)
     assert proc.returncode == -9, proc.stderr.decode()
-    leftovers = [p.name for p in (tmp_path / "cpu-2core").iterdir()]
+    leftovers = [p.name for p in (tmp_path / KIND).iterdir()]
     assert any(n.startswith(".tmp-") for n in leftovers)  # the killed write's partial file
     records = history.load(tmp_path)
     assert [r.path for r in records] == [kept]
@@ -163,7 +167,7 @@ def test_older_rows_missing_newer_fields_still_load(tmp_path):
     for row in raw["rows"]:
         del row["roofline_pct"], row["energy_j"]
     del raw["command"]
-    path = tmp_path / "cpu-2core" / "old.json"
+    path = tmp_path / KIND / "old.json"
     path.parent.mkdir()
     path.write_text(json.dumps(raw))
     [record] = history.load(tmp_path)
@@ -197,7 +201,7 @@ def test_a_schema_1_record_reads_as_timed_against_einsum(tmp_path):
     raw["schema"] = 1
     raw["rows"] = [{("speedup_vs_einsum" if k == "speedup_vs_baseline" else k): v
                     for k, v in row.items()} for row in raw["rows"]]
-    path = tmp_path / "cpu-2core" / "old.json"
+    path = tmp_path / KIND / "old.json"
     path.parent.mkdir()
     path.write_text(json.dumps(raw))
     [record] = history.load(tmp_path)
@@ -210,7 +214,7 @@ def test_a_record_newer_than_the_code_is_skipped_with_a_warning(tmp_path):
     history.append(results(), tmp_path)
     raw = history.make_record(results(commit="f" * 40))
     raw["schema"] = history.SCHEMA + 1
-    (tmp_path / "cpu-2core" / "future.json").write_text(json.dumps(raw))
+    (tmp_path / KIND / "future.json").write_text(json.dumps(raw))
     with pytest.warns(UserWarning, match="newer than this code"):
         records = history.load(tmp_path)
     assert [r.commit for r in records] == ["a" * 40]
@@ -252,7 +256,7 @@ MALFORMED = {
 
 def write_malformed(history_dir: Path, case: str) -> Path:
     """One bad file (MALFORMED[case]) among the records of `history_dir`."""
-    path = history_dir / "cpu-2core" / f"20261123T000000Z-{case}.json"
+    path = history_dir / KIND / f"20261123T000000Z-{case}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = MALFORMED[case][0]
     path.write_bytes(text.encode("latin-1") if case == "not-utf8" else text.encode())
@@ -299,11 +303,11 @@ def test_python_m_bench_goes_on_past_a_bad_history(tmp_path, monkeypatch, capsys
     with pytest.warns(history.HistoryWarning):
         assert kept.exists() and len(history.load(hist)) == 2
 
-    (hist / "cpu-2core" / "notes.json").write_text('{"kind": "something else"}')
+    (hist / KIND / "notes.json").write_text('{"kind": "something else"}')
     with pytest.warns(history.HistoryWarning):
         assert cli.main(argv) == 0
     assert "notes.json is not a glai-kernels history record" in capsys.readouterr().err
-    assert len(list((hist / "cpu-2core").glob("*-quick*.json"))) == 3  # recorded anyway
+    assert len(list((hist / KIND).glob("*-quick*.json"))) == 3  # recorded anyway
 
 
 def test_the_committed_history_loads():
@@ -312,3 +316,20 @@ def test_the_committed_history_loads():
     assert records, f"{history.HISTORY_DIR} should hold the committed runs"
     for record in records:
         assert record.rows and record.machine and record.commit and record.ceilings
+
+
+def test_two_cpus_behind_one_label_are_two_machines(tmp_path):
+    other = results(commit="2" * 40)
+    other["provenance"]["cpu_id"] = "OtherCPU family 2 model 3"
+    mine, theirs = history.append(results(commit="1" * 40), tmp_path), history.append(other,
+                                                                                  tmp_path)
+    assert mine.parent.name == KIND and theirs.parent.name == "cpu-2core-OtherCPU-family-2-model-3"
+    # a record written before machine kinds named the label alone: it reads as its kind
+    raw = json.loads(mine.read_text())
+    raw["machine"] = "cpu-2core"
+    old = tmp_path / "cpu-2core" / "old.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(raw))
+    assert history.read(old).machine == KIND
+    assert sorted(r.machine for r in history.load(tmp_path)) == [
+        "cpu-2core-OtherCPU-family-2-model-3", KIND, KIND]

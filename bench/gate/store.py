@@ -8,20 +8,11 @@ import json
 from pathlib import Path
 
 from bench.gate.stats import ratios, thresholds_from
-from bench.history import slug, write_atomic
+from bench.history import machine_kind, slug, write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = ROOT / "reports" / "baseline"
 BASELINE_SCHEMA = 1
-
-
-def machine_kind(provenance: dict) -> str:
-    """What a baseline is kept per: the machine label, and on CPUs the CPU's family and model
-    (ratios between backends move with the instruction set and the caches)."""
-    kind = provenance["machine"]
-    if provenance.get("device", "cpu") == "cpu":
-        kind += f"-{provenance.get('cpu_id', 'unknown-cpu')}"
-    return slug(kind)
 
 
 def build_baseline(runs: list[dict], *, margin: float = 1.5, case_floor: float = 0.10,
