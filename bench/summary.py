@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench import ceilings_report
+from bench.history import machine_kind
 from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -147,7 +148,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     baseline = meta.get("baseline") or registry.baseline().name
     preset = meta["preset"]
     lines = [
-        f"# Kernel benchmarks on {p['machine']}",
+        f"# Kernel benchmarks on {machine_kind(p)}",
         "",
         f"`{meta.get('command', 'python -m bench --preset ' + preset['name'])}` on "
         f"{p['device_name']} ({'host: ' if p['device'] != 'cpu' else ''}{p['threads']} "

@@ -316,12 +316,15 @@ def test_slowed_backend_computes_the_same_and_takes_longer():
 
 def test_real_timings_gate_fails_on_a_planted_slowdown(tmp_path):
     """Measure a small preset for real 4 times, make a baseline, then time a torch backend
-    slowed 1.3x: the gate fails on torch (its per-backend means) and names it."""
+    slowed 1.6x: the gate fails on torch (its per-backend means) and names it. The plant
+    slows the backend's kernels, not the op's Python around them, which at B = 16 is a large
+    share of a call: on the Intel CPU of stop 30 a 1.3x plant moved C2's forward ratio by
+    only 16% and no group mean past its threshold (bench/NOTES.md)."""
     log = []
     runs = [gate.measure(SMALL, device="cpu", backends=["einsum", "torch"], log=log.append)
             for _ in range(4)]
     gate.accept(runs, baseline_dir=tmp_path)
-    with planted.slowed("torch", 1.3):
+    with planted.slowed("torch", 1.6):
         passed, text = gate.check(baseline_dir=tmp_path, preset=SMALL, device="cpu",
                                   backends=["einsum", "torch"], log=log.append)
     assert not passed, text

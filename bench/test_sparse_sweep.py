@@ -217,6 +217,10 @@ def test_summary_page_with_kept_rows(kept_rows):
             "memory_method": "m", "energy": "absent"}
     page = summary.render(kept_rows, meta)
     assert "kept-fraction sweep" in page and "## Wrong results" in page
+    assert "**Note:**" not in page
+    # a run whose oneDNN was limited by bench/onednn_guard.py says so at the top
+    meta["provenance"] = {**meta["provenance"], "onednn_guard": "oneDNN limited (test)"}
+    assert "**Note:** oneDNN limited (test)." in summary.render(kept_rows, meta)
 
 
 def test_history_keeps_mu_and_reads_records_without_it(kept_rows, tmp_path):
