@@ -32,7 +32,8 @@ def tests(session: nox.Session) -> None:
     """The correctness suite, every backend on every device present (`-- ARGS` to pytest)."""
     _install(session, "test,bench")
     session.run("python", "-m", "glai_kernels")
-    session.run("pytest", "correctness/", *session.posargs)
+    # the slowest tests named in the log: where CI's minutes go
+    session.run("pytest", "correctness/", "--durations=15", *session.posargs)
     # the benchmark suite's own tests; its timed cases run once each, as correctness checks
     session.run("pytest", "bench/", "--benchmark-disable", "-q")
 
