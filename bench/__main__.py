@@ -139,8 +139,9 @@ def overview() -> str:
     return "\n".join(lines)
 
 
-# commands that time torch's matmuls, which bench/onednn_guard.py keeps from crashing
-TIMING_COMMANDS = ("run", "gate", "kernel-peak", "cpu-targets")
+# commands that time torch's matmuls, which bench/onednn_guard.py keeps from crashing (the
+# gate's own entry point, bench/gate/cli.py, applies it for `gate` and `python -m bench.gate`)
+TIMING_COMMANDS = ("run", "kernel-peak", "cpu-targets")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import bench.gate
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
     args = parser(prog).parse_args(argv)
     from bench import onednn_guard
 
-    onednn_guard.apply()  # `python -m bench.gate` is a timing entry point of its own
+    reason = onednn_guard.apply()  # `python -m bench.gate` is a timing entry point of its own
+    if reason:
+        print(f"note: {reason}", file=sys.stderr)
 
     if args.command == "measure":
         if args.plant:
