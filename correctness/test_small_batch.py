@@ -8,7 +8,8 @@ ones do.
   csrc/eager_autograd.cpp): the same output and gradient bits, double backward included, for
   every dtype, every subset of gradients, with and without bias;
 - the cpp dx kernel's two small-batch forms, taken when B fits one vector: with AVX-512 and a
-  weight of at most 16 MiB, dot products along s (tiles of 4 rows of b by 6 of i, the weight
+  weight within the CPU vendor's bound (4 MiB on Intel, 16 MiB on AMD; measured, csrc/cpu/
+  kernels.h), dot products along s (tiles of 4 rows of b by 6 of i, the weight
   read o_chunk o's at a time, lanes summed by a shuffle tree); otherwise the tall tile (24
   rows of i at a time with AVX-512, 12 otherwise); on every instruction set, on shapes whose
   B, I and P are not multiples of the tiles and whose O spans several o chunks;
@@ -203,6 +204,16 @@ def test_cpp_dx_at_small_batch_past_16_mib(isa, dtype, shape):
     ref = _dx64(dy, act, weight)
     bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
     assert (dx.double() - ref).abs().max() <= bound
+
+
+def test_cpp_dx_at_small_batch_between_the_vendors_bounds(isa):
+    """A weight of 8 MiB at B = 16 is past Intel's bound for the form along s and within
+    AMD's: whichever form this CPU takes, dx is the float64 reference's."""
+    x, act, weight, dy = _inputs((16, 1031, 1017, 2))
+    assert 4 << 20 < weight.numel() * weight.element_size() < 16 << 20
+    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0), True, False, False)[0]
+    ref = _dx64(dy, act, weight)
+    assert (dx.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

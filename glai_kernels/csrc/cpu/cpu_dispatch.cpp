@@ -156,6 +156,15 @@ const Bf16Kernels* bf16_kernels() {
   return nullptr;
 }
 
+int64_t dx_along_s_max_weight_bytes() {
+#if GLAI_X86
+  static const int64_t bytes = __builtin_cpu_is("intel") ? int64_t{4} << 20 : int64_t{16} << 20;
+  return bytes;
+#else
+  return int64_t{16} << 20;
+#endif
+}
+
 const char* isa() { return kIsas[current()].name; }
 
 bool select_isa(const char* name) {

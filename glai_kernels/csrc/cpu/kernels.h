@@ -67,6 +67,13 @@ const Bf16Kernels* bf16_kernels();
 void* alloc_kept(int64_t bytes);
 void free_kept(void* p, int64_t bytes);
 
+// dx at B within one vector takes the form along s for weights of at most this many bytes, the
+// tall tile above (kernels.inc, dx_along_s). Measured per CPU vendor, since it is where the
+// last-level cache stops feeding the form along s's scattered rows faster than the tall
+// tile's contiguous blocks: 16 MiB on AMD (Zen 5), 4 MiB on Intel (a Xeon with a 300 MiB mesh
+// L3); bench/NOTES.md, "dx along s on an Intel Xeon".
+int64_t dx_along_s_max_weight_bytes();
+
 // The instruction set in use ("avx512", "avx2", "portable").
 const char* isa();
 // Select an instruction set by name; returns false if unknown or unsupported by this CPU.
