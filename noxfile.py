@@ -32,9 +32,13 @@ def tests(session: nox.Session) -> None:
     """The correctness suite, every backend on every device present (`-- ARGS` to pytest)."""
     _install(session, "test,bench")
     session.run("python", "-m", "glai_kernels")
-    # the slowest tests named in the log: where CI's minutes go
-    session.run("pytest", "correctness/", "--durations=15", *session.posargs)
-    # the benchmark suite's own tests; its timed cases run once each, as correctness checks
+    # one worker per core (at most 4): on CI's two cores 7 minutes instead of 10.6
+    # (bench/NOTES.md, "CI's correctness suite over two workers"); the slowest tests named in
+    # the log: where CI's minutes go
+    session.run("pytest", "correctness/", "-n", "auto", "--maxprocesses", "4",
+                "--durations=15", *session.posargs)
+    # the benchmark suite's own tests, one process: some time real runs against each other
+    # (the gate's planted slowdown), which a second worker would disturb
     session.run("pytest", "bench/", "--benchmark-disable", "-q")
 
 
