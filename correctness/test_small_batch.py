@@ -49,6 +49,16 @@ def _dx64(dy, act, weight):
     return torch.einsum("bo,ois,bs->bi", dy.double(), weight.double(), act.double())
 
 
+def _assert_cpp_dx_is_the_reference(x, act, weight, dy):
+    """The cpp kernel's dx alone (raw op) within its dtype's tolerance of the float64 one."""
+    dtype = x.dtype
+    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
+                                     True, False, False)[0]
+    ref = _dx64(dy, act, weight)
+    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
+    assert (dx.double() - ref).abs().max() <= bound
+
+
 @pytest.mark.parametrize("backend", ["einsum", "torch", "cpp"])
 def test_direct_forward_is_the_op(backend):
     """Under no_grad, estimator() gives the custom op's result, bit for bit, bias included."""
@@ -184,11 +194,7 @@ def test_direct_forward_keeps_the_input_checks():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_cpp_dx_at_small_batch(isa, shape, dtype):
     x, act, weight, dy = _inputs(shape, dtype)
-    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
-                                     True, False, False)[0]
-    ref = _dx64(dy, act, weight)
-    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
-    assert (dx.double() - ref).abs().max() <= bound
+    _assert_cpp_dx_is_the_reference(x, act, weight, dy)
 
 
 @pytest.mark.parametrize("dtype, shape", [(torch.float32, (16, 2050, 2050, 1)),
@@ -199,11 +205,7 @@ def test_cpp_dx_at_small_batch_past_16_mib(isa, dtype, shape):
     set (AVX-512 included): still the float64 reference."""
     x, act, weight, dy = _inputs(shape, dtype)
     assert weight.numel() * weight.element_size() > 16 << 20
-    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0, dtype=dtype),
-                                     True, False, False)[0]
-    ref = _dx64(dy, act, weight)
-    bound = (1e-5 if dtype == torch.float32 else 1e-12) * ref.abs().max()
-    assert (dx.double() - ref).abs().max() <= bound
+    _assert_cpp_dx_is_the_reference(x, act, weight, dy)
 
 
 def test_cpp_dx_at_small_batch_between_the_vendors_bounds(isa):
@@ -211,9 +213,7 @@ def test_cpp_dx_at_small_batch_between_the_vendors_bounds(isa):
     AMD's: whichever form this CPU takes, dx is the float64 reference's."""
     x, act, weight, dy = _inputs((16, 1031, 1017, 2))
     assert 4 << 20 < weight.numel() * weight.element_size() < 16 << 20
-    dx = torch.ops.glai_ext.backward(dy, x, act, weight, torch.empty(0), True, False, False)[0]
-    ref = _dx64(dy, act, weight)
-    assert (dx.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    _assert_cpp_dx_is_the_reference(x, act, weight, dy)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

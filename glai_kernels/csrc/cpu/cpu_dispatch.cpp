@@ -157,11 +157,12 @@ const Bf16Kernels* bf16_kernels() {
 }
 
 int64_t dx_along_s_max_weight_bytes() {
+  constexpr int64_t kMiB = int64_t{1} << 20;
 #if GLAI_X86
-  static const int64_t bytes = __builtin_cpu_is("intel") ? int64_t{4} << 20 : int64_t{16} << 20;
+  static const int64_t bytes = __builtin_cpu_is("intel") ? 4 * kMiB : 16 * kMiB;
   return bytes;
 #else
-  return int64_t{16} << 20;
+  return 16 * kMiB;
 #endif
 }
 
