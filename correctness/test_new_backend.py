@@ -1,16 +1,18 @@
 """A new contributor's backend is one file: written into glai_kernels/backends/, it is run
 by the correctness suite and timed by the benchmark suite with no other edit.
 
-The file is temporary (removed in a `finally`), and everything that must discover it runs in
-a fresh process, as a contributor's `pytest` and `glai-bench run` (`python -m bench run`) would.
+The file goes into a copy of the repository's source tree, never the tree the suite runs
+from (other pytest-xdist workers import the package from it at the same time), and everything
+that must discover it runs in a fresh process from the copy, as a contributor's `pytest` and
+`glai-bench run` (`python -m bench run`) would.
 """
 
 from __future__ import annotations
 
 import csv
-import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -59,31 +61,33 @@ TOY = textwrap.dedent(f'''
 ''')
 
 
-def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GLAI_BACKEND": ""}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+# what the copy leaves out: history, reports and build outputs no test here reads
+NOT_COPIED = shutil.ignore_patterns(".git", ".nox", "reports", "build", "dist", "*.egg-info",
+                                    "__pycache__", ".pytest_cache", ".hypothesis", "shared")
+
+
+def _run(root: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root), "GLAI_BACKEND": ""}
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def toy_backend():
-    """The toy backend's file in glai_kernels/backends/ for the module's tests."""
-    # the package, not glai_kernels.backends(), the function that lists backends
-    folder = Path(importlib.import_module("glai_kernels.backends").__path__[0])
-    path = folder / f"{MODULE}.py"
-    assert not path.exists(), f"{path} is left over from an earlier run; remove it"
-    try:
-        path.write_text(TOY)
-        yield NAME
-    finally:
-        path.unlink(missing_ok=True)
-        for cached in (folder / "__pycache__").glob(f"{MODULE}.*"):
-            cached.unlink(missing_ok=True)
+def tree(tmp_path_factory) -> Path:
+    """A copy of the repository's sources with the toy backend's file in
+    glai_kernels/backends/ (the extension's sources are unchanged, so its build is reused)."""
+    left_over = ROOT / "glai_kernels" / "backends" / f"{MODULE}.py"
+    assert not left_over.exists(), f"{left_over} is left over from an earlier run; remove it"
+    root = tmp_path_factory.mktemp("contributor") / "repo"
+    shutil.copytree(ROOT, root, ignore=NOT_COPIED)
+    (root / left_over.relative_to(ROOT)).write_text(TOY)
+    return root
 
 
-def test_the_correctness_suite_runs_a_new_backend(toy_backend):
-    done = _run(["-m", "pytest", "correctness/test_backends.py", "-q", "-rA", "-k",
-                 f"{toy_backend}-cpu and (oracle or gradients or gradcheck or empty_batch)"],
+def test_the_correctness_suite_runs_a_new_backend(tree):
+    toy_backend = NAME
+    done = _run(tree, ["-m", "pytest", "correctness/test_backends.py", "-q", "-rA", "-k",
+                       f"{toy_backend}-cpu and (oracle or gradients or gradcheck or empty_batch)"],
                 timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     passed = re.findall(rf"^PASSED (\S+\[\S*{toy_backend}-cpu\S*\])", done.stdout, re.M)
@@ -93,12 +97,14 @@ def test_the_correctness_suite_runs_a_new_backend(toy_backend):
     assert not re.search(r"\d+ (failed|error)", done.stdout), done.stdout[-3000:]
 
 
-def test_the_benchmark_suite_times_a_new_backend(toy_backend, tmp_path):
+def test_the_benchmark_suite_times_a_new_backend(tree, tmp_path):
+    toy_backend = NAME
     out = tmp_path / "bench"
-    done = _run(["-m", "bench", "run", "--preset", "quick", "--suite", "kernels", "--device", "cpu",
-                 "--backends", f"{toy_backend},einsum", "--heads", "A1", "--batches", "16",
-                 "--dtypes", "float32", "--passes", "forward", "--sweeps", "heads",
-                 "--no-history", "--no-plots", "--no-progress", "--out", str(out)],
+    done = _run(tree, ["-m", "bench", "run", "--preset", "quick", "--suite", "kernels",
+                       "--device", "cpu", "--backends", f"{toy_backend},einsum", "--heads", "A1",
+                       "--batches", "16", "--dtypes", "float32", "--passes", "forward",
+                       "--sweeps", "heads", "--no-history", "--no-plots", "--no-progress",
+                       "--out", str(out)],
                 timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     with (out / "results.csv").open() as f:
