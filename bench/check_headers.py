@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from bench.check_cuda import cuda_include_dir, cuda_macros_stub, find_nvcc
+from bench.check_cuda import cuda_include_dir, cuda_macros_stub, find_nvcc, on_every_core
 from glai_kernels import extension
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,13 +118,16 @@ def main(argv: list[str] | None = None) -> int:
         label = f"torch {version}"
     nvcc = find_nvcc()
     cuda_include = cuda_include_dir(nvcc) if nvcc else None
-    failed = 0
+    checked = []
     for source in sources():
-        name = source.relative_to(ROOT)
         if "cuda" in source.parts and cuda_include is None:
-            print(f"skipped {name}: no CUDA toolkit headers")
-            continue
-        error = syntax_errors(source, include, cuda_include)
+            print(f"skipped {source.relative_to(ROOT)}: no CUDA toolkit headers")
+        else:
+            checked.append(source)
+    errors = on_every_core(lambda source: syntax_errors(source, include, cuda_include), checked)
+    failed = 0
+    for source, error in zip(checked, errors, strict=True):
+        name = source.relative_to(ROOT)
         print(f"{'ok' if error is None else 'FAILED'} {name} against {label}")
         if error is not None:
             failed += 1
