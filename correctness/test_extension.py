@@ -386,12 +386,15 @@ def test_one_openmp_runtime_is_loaded(built):
 
 
 # 300: dweight's two chunks of b; 16 x 5 outputs: five forward tasks, split by P's three column
-# blocks on two threads (kernels.inc, kForwardMinTasks)
-@pytest.mark.parametrize("batch, paths, outputs", [(50, 70, 9), (300, 70, 9), (16, 150, 5)])
+# blocks on two threads (kernels.inc, kForwardMinTasks); 401 inputs: dx in many more tasks
+# than threads, not a multiple of two or three, claimed in segment order (kernels.inc,
+# segment_order), by the GEMM tiles (B = 50) and along s (B = 16)
+@pytest.mark.parametrize("batch, inputs, paths, outputs", [
+    (50, 23, 70, 9), (300, 23, 70, 9), (16, 23, 150, 5), (50, 401, 70, 9), (16, 401, 150, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_calls_parallel,
-                                                  runner, dtype, batch, paths, outputs):
-    data = make_inputs(batch, 23, paths, outputs, seed=7, dtype=dtype)
+                                                  runner, dtype, batch, inputs, paths, outputs):
+    data = make_inputs(batch, inputs, paths, outputs, seed=7, dtype=dtype)
     dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(8)).to(dtype)
 
     def run():
@@ -402,9 +405,10 @@ def test_results_do_not_depend_on_the_thread_count(built, restore_threads, all_c
 
     torch.set_num_threads(1)
     one = run()
-    torch.set_num_threads(2)
-    for a, b in zip(one, run(), strict=True):
-        assert torch.equal(a, b)
+    for threads in (2, 3):
+        torch.set_num_threads(threads)
+        for a, b in zip(one, run(), strict=True):
+            assert torch.equal(a, b)
 
 
 # ---- instruction sets and tile edges -------------------------------------------------------
