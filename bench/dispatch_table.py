@@ -40,19 +40,37 @@ def candidates(device_type: str) -> list[str]:
     return [b.name for b in registry.ESTIMATOR.backends() if device_type in b.auto_priority]
 
 
-def cases(df: pd.DataFrame, device_type: str) -> dict[CaseKey, dict[str, float]]:
-    """{case: {candidate: median seconds}} of the candidates measured correct."""
-    ok = df[(df["status"] == "ok") & (df["correct"] == True)  # noqa: E712
-            & df["pass"].isin(dispatch.MODES) & df["backend"].isin(candidates(device_type))]
+def _timed_rows(df: pd.DataFrame, device_type: str) -> pd.DataFrame:
+    """The candidates' timed rows of the dense op (right or wrong), one per case."""
+    ok = df[df["status"].isin(["ok", "wrong"]) & df["pass"].isin(dispatch.MODES)
+            & df["backend"].isin(candidates(device_type))]
     if "mu" in ok:
         ok = ok[ok["mu"].isna()]
+    return ok.drop_duplicates(["backend", "batch", "inputs", "paths", "outputs", "dtype",
+                               "pass"])
+
+
+def _key(r: dict) -> CaseKey:
+    return (str(r["dtype"]), str(r["pass"]), int(r["batch"]), int(r["inputs"]),
+            int(r["paths"]), int(r["outputs"]))
+
+
+def cases(df: pd.DataFrame, device_type: str) -> dict[CaseKey, dict[str, float]]:
+    """{case: {candidate: median seconds}} of the candidates measured correct."""
+    right = _timed_rows(df, device_type)
     out: dict[CaseKey, dict[str, float]] = defaultdict(dict)
-    unique = ok.drop_duplicates(["backend", "batch", "inputs", "paths", "outputs", "dtype",
-                                 "pass"])
-    for r in unique.to_dict("records"):
-        key = (str(r["dtype"]), str(r["pass"]), int(r["batch"]), int(r["inputs"]),
-               int(r["paths"]), int(r["outputs"]))
-        out[key][str(r["backend"])] = float(r["median_s"])
+    right = right[(right["status"] == "ok") & (right["correct"] == True)]  # noqa: E712
+    for r in right.to_dict("records"):
+        out[_key(r)][str(r["backend"])] = float(r["median_s"])
+    return dict(out)
+
+
+def timed(df: pd.DataFrame, device_type: str) -> dict[CaseKey, list[str]]:
+    """{case: the candidates timed at it, right or wrong}: a piece of a run may time a
+    backend at a few cases only, and the priority rule is judged where its pick was timed."""
+    out: dict[CaseKey, list[str]] = defaultdict(list)
+    for r in _timed_rows(df, device_type).to_dict("records"):
+        out[_key(r)].append(str(r["backend"]))
     return dict(out)
 
 
@@ -102,17 +120,18 @@ def _priority_pick(device_type: str, dtype: str, ran: list[str]) -> str | None:
 
 
 def evaluate(measured: dict[CaseKey, dict[str, float]], table: Table, device_type: str,
-             ran: list[str]) -> dict:
+             ran: dict[CaseKey, list[str]]) -> dict:
     """{rule: {"within": n, "cases": m}} for the table (in sample and held out) and the
-    priorities; a rule whose pick was not measured correct on a case misses it, and the
-    table's rules fall back to the priorities where they have no entry, as auto does."""
+    priorities (picking among the candidates timed at each case, `ran`); a rule whose pick
+    was not measured correct on a case misses it, and the table's rules fall back to the
+    priorities where they have no entry, as auto does."""
     counts = {rule: {"within": 0, "cases": 0} for rule in ("table", "held_out", "priorities")}
     misses: list[str] = []
     for key, medians in measured.items():
         dtype, mode, b, i, p, o = key
         best = min(medians.values())
         call = Call(mode, b, i, p, o)
-        priority = _priority_pick(device_type, dtype, ran)
+        priority = _priority_pick(device_type, dtype, ran.get(key, []))
         # as auto does: a table without an entry for the dtype and mode leaves the priorities
         others = {k: v for k, v in measured.items() if k != key}
         held = _table(entries(others), table.machine_kind).lookup(dtype, call)
@@ -159,7 +178,7 @@ def build(df: pd.DataFrame, meta: dict, kind: str | None = None) -> tuple[dict, 
                     "the nearest of its dtype and mode",
              "entries": entry_dicts}
     evaluation = evaluate(measured, _table(entry_dicts, kind), device_type,
-                          list(meta.get("backends", [])))
+                          timed(df, device_type))
     return table, {"machine_kind": kind, **evaluation}
 
 

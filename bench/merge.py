@@ -7,6 +7,11 @@ ceilings reported are the best of the runs', and the dispatch table and its with
 are built again over all the cases together, as one run would have.
 
     glai-bench merge reports/bench/cuda /tmp/f32 /tmp/bf16 --install-dispatch
+    glai-bench merge reports/bench/cuda /tmp/f32 /tmp/triton:triton   # that run's triton rows
+
+A shape one piece skipped at its time limit and another measured is kept as measured. A
+measurement present in two runs is refused, unless `RUN:BACKENDS` keeps only some backends'
+rows of a run (a run of one new backend that also timed the others beside it).
 """
 
 from __future__ import annotations
@@ -24,12 +29,33 @@ from bench.suite import write_reports
 ROW_KEY = ["backend", "dtype", "pass", "batch", "inputs", "paths", "outputs", "sweep", "mu"]
 
 
-def load(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """(results table, meta without its rows) of one finished run."""
-    meta = json.loads((run_dir / "results.json").read_text())
+def load(run: Path | str) -> tuple[pd.DataFrame, dict]:
+    """(results table, meta without its rows) of one finished run; `DIR:b1,b2` keeps only
+    those backends' rows (and says so in the meta's command)."""
+    run_dir, _, keep = str(run).partition(":")
+    meta = json.loads((Path(run_dir) / "results.json").read_text())
     meta.pop("rows", None)
     meta.pop("columns", None)
-    return pd.read_csv(run_dir / "results.csv"), meta
+    table = pd.read_csv(Path(run_dir) / "results.csv")
+    if keep:
+        backends = keep.split(",")
+        unknown = sorted(set(backends) - set(table["backend"]))
+        if unknown:
+            raise ValueError(f"merge: {run_dir} has no rows of backend(s) {unknown}")
+        table = table[table["backend"].isin(backends)].reset_index(drop=True)
+        meta["command"] = f"{meta.get('command', '')} (rows of {keep} only)"
+        meta["backends"] = [b for b in meta.get("backends", []) if b in backends]
+    return table, meta
+
+
+def _measured_over_skipped(table: pd.DataFrame) -> pd.DataFrame:
+    """Drops each skipped row whose measurement another run took, and repeats of a skipped
+    row: a time limit's placeholder is not a measurement."""
+    skipped = table["status"] == "skipped"
+    measured_keys = table.loc[~skipped, ROW_KEY].map(str).agg("|".join, axis=1)
+    keys = table[ROW_KEY].map(str).agg("|".join, axis=1)
+    drop = skipped & (keys.isin(set(measured_keys)) | keys.duplicated())
+    return table[~drop].reset_index(drop=True)
 
 
 def _best_ceilings(ceilings: list[dict]) -> dict:
@@ -49,7 +75,7 @@ def merge(runs: list[tuple[pd.DataFrame, dict]]) -> tuple[pd.DataFrame, dict]:
     machines = {m["provenance"].get("machine") for _, m in runs}
     if len(machines) != 1:
         raise ValueError(f"merge: runs must come from one machine kind, got {sorted(machines)}")
-    table = pd.concat([df for df, _ in runs], ignore_index=True)
+    table = _measured_over_skipped(pd.concat([df for df, _ in runs], ignore_index=True))
     twice = table[table.duplicated(subset=ROW_KEY)]
     if len(twice):
         example = ", ".join(f"{k}={twice.iloc[0][k]}" for k in ROW_KEY)
@@ -91,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="glai-bench merge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path, help="where the merged report goes")
-    p.add_argument("runs", type=Path, nargs="+", help="run folders written by glai-bench run")
+    p.add_argument("runs", nargs="+",
+                   help="run folders written by glai-bench run (DIR:b1,b2: those backends' rows)")
     p.add_argument("--install-dispatch", action="store_true",
                    help="copy the merged dispatch table into glai_kernels/dispatch/")
     p.add_argument("--no-plots", action="store_true")

@@ -79,3 +79,13 @@ def test_written_table_loads_and_the_summary_reports_it(built, tmp_path):
     assert "| dispatch table (built from these cases) | 3/4 (75%) |" in lines
     assert "held out" in lines and "priorities" in lines
     assert summary._peer_lines({"peers": []}) == []
+
+
+def test_the_priority_rule_is_judged_among_the_backends_timed_at_each_case():
+    # cpp timed at B = 16 only (a piece of a run that timed one backend at a few shapes):
+    # at B = 256 the rule's pick is among what was timed there, not a miss for cpp
+    rows = [_row("torch", 16, 1.0), _row("cpp", 16, 2.0), _row("torch", 256, 10.0)]
+    df = results.table(rows, Ceilings({"float32": 1e11}, 1e10), {})
+    _, ev = dispatch_table.build(df, _meta())
+    top = max(("cpp", "torch"), key=lambda n: registry.get(n).auto_priority["cpu"])
+    assert ev["priorities"] == {"within": {"cpp": 1, "torch": 2}[top], "cases": 2}

@@ -78,3 +78,29 @@ def test_refuses_runs_of_different_machines(two_runs, tmp_path):
                  kind="cuda-Other-GPU-sm80")
     with pytest.raises(ValueError, match="several machine kinds"):
         merge.merge([merge.load(two_runs[0]), merge.load(other)])
+
+
+def test_a_shape_skipped_in_one_run_and_measured_in_another_is_kept_as_measured(tmp_path):
+    ceilings = Ceilings({"float32": 1e11}, 1e10)
+    cut = _run(tmp_path, "cut", [_row("torch", 16, 1.0), _row("torch", 256, 0.0, status="skipped"),
+                                 _row("cpp", 256, 0.0, status="skipped")], ceilings)
+    rest = _run(tmp_path, "rest",
+                [_row("torch", 256, 10.0), _row("cpp", 256, 0.0, status="skipped")], ceilings)
+    table, _ = merge.merge([merge.load(cut), merge.load(rest)])
+    got = sorted(zip(table["backend"], table["batch"], table["status"], strict=True))
+    assert got == [("cpp", 256, "skipped"), ("torch", 16, "ok"), ("torch", 256, "ok")]
+
+
+def test_keeps_only_the_named_backends_of_a_run(two_runs, tmp_path):
+    ceilings = Ceilings({"float32": 1e11}, 1e10)
+    # a run of a new backend that also timed torch beside it, at a shape `first` measured
+    extra = _run(tmp_path, "extra", [_row("torch", 256, 12.0), _row("triton", 256, 4.0)],
+                 ceilings)
+    with pytest.raises(ValueError, match="more than one run"):
+        merge.merge([merge.load(two_runs[0]), merge.load(extra)])
+    table, meta = merge.merge([merge.load(two_runs[0]), merge.load(f"{extra}:triton")])
+    assert sorted(table["backend"]) == ["cpp", "torch", "triton"]
+    assert table.loc[table["backend"] == "torch", "median_s"].item() == pytest.approx(0.01)
+    assert "(rows of triton only)" in meta["command"]
+    with pytest.raises(ValueError, match=r"no rows of backend\(s\) \['cuda'\]"):
+        merge.load(f"{extra}:cuda")
