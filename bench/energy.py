@@ -4,7 +4,9 @@
 updated every few tens of milliseconds, so a reading is taken over a window of at least a
 second of back-to-back calls: joules per call = energy over the window / calls, mean power =
 energy / window. Everywhere else (the CPU, a GPU without the counter, no nvidia-ml-py) the
-meter says why it is absent; nothing is estimated in its place.
+meter says why it is absent; nothing is estimated in its place. A reading whose mean power is
+above the board's enforced power limit is refused (`ImplausibleEnergyError`): a window too short for
+the counter's updates gives such readings (an H200 read 1,140 W over 0.1 s, stop 33).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from dataclasses import dataclass
 import torch
 
 MIN_WINDOW_S = 1.0
+
+
+class ImplausibleEnergyError(ValueError):
+    """A reading above the board's power limit: the counter, not the call, is off."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class EnergyMeter:
         self.handle = None
         self.reason: str | None = None
         self.window_s = window_s
+        self.limit_w: float | None = None
         if window_s <= 0:
             self.reason = "turned off (an energy window of 0 s)"
             return
@@ -47,6 +54,10 @@ class EnergyMeter:
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
             pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
             self._read = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            try:
+                self.limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1e3
+            except Exception:  # not every board reports it; then no reading is refused
+                self.limit_w = None
         except ImportError:
             self.reason = "nvidia-ml-py is not installed"
         except Exception as e:  # NVMLError_NotSupported and friends
@@ -61,7 +72,7 @@ class EnergyMeter:
     def measure(self, fn: Callable[[], object], per_call_s: float,
                 min_window_s: float | None = None) -> Energy | None:
         """Energy of back-to-back calls of fn over at least `min_window_s` (default: the
-        meter's window)."""
+        meter's window); raises ImplausibleEnergyError above the board's power limit."""
         if not self.available:
             return None
         min_window_s = self.window_s if min_window_s is None else min_window_s
@@ -78,7 +89,21 @@ class EnergyMeter:
             if window >= min_window_s:
                 break
         joules = (self._read() - start_mj) / 1e3
+        if self.limit_w is not None and joules / window > self.limit_w:
+            raise ImplausibleEnergyError(
+                f"{joules / window:.0f} W over {window:.2f} s is above the board's "
+                f"{self.limit_w:.0f} W limit: the window is too short for NVML's counter")
         return Energy(joules / calls, joules / window, window, calls)
+
+    def describe(self) -> str:
+        """What the results' energy columns are, for the report."""
+        if not self.available:
+            return f"absent: {self.reason}"
+        text = f"NVML total-energy counter, windows of at least {self.window_s:g} s"
+        if self.window_s < MIN_WINDOW_S:
+            text += (f" (shorter than the {MIN_WINDOW_S:g} s the counter's updates need: "
+                     "rough readings)")
+        return text
 
 
 def _physical_index(index: int) -> int:

@@ -8,8 +8,11 @@
 # device tool's limit).
 #
 #     bash bench/on_gpu.sh            # from the repository root, on the GPU machine
-#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=0.1 bash bench/on_gpu.sh   # the defaults
+#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=0 bash bench/on_gpu.sh   # the defaults
+#     ENERGY_S=1 ...   # energy too: 1 s a measurement, which NVML's counter needs (0.1 s read
+#                      # up to 1,140 W on a 700 W H200, stop 33), so a few heads at a time
 #     TRITON_S=120 TRITON_HEADS=A1,C1 bash bench/on_gpu.sh   # and a triton run of its own
+#     TRITON_BATCHES=16 ...                                  # (its batches; default 16,256)
 #     TEST_FOCUS="test_sparse.py and compile" bash bench/on_gpu.sh   # those tests first, alone,
 #                                                   # cpu and cuda ids, whole tracebacks
 #
@@ -80,7 +83,7 @@ budget=$(( $(left) - 10 - ${TRITON_S:-0} ))
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
   --dtypes float32,bfloat16 --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
   --backends "${BENCH_BACKENDS:-einsum,torch,triton,cuda}" --rounds 3 --min-time 0.05 \
-  --energy-window "${ENERGY_S:-0.1}" --time-limit $(( budget - 60 )) \
+  --energy-window "${ENERGY_S:-0}" --time-limit $(( budget - 60 )) \
   --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/steps.txt"
 if [ "${TRITON_S:-0}" -gt 0 ]; then
@@ -89,7 +92,7 @@ if [ "${TRITON_S:-0}" -gt 0 ]; then
   step "triton at ${TRITON_HEADS:-A1,C1}" | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 ))
   timeout "$budget" "$PY" -m bench run --suite kernels --device cuda --sweeps heads \
-    --heads "${TRITON_HEADS:-A1,C1}" --batches 16,256 --dtypes float32 --passes forward,both \
+    --heads "${TRITON_HEADS:-A1,C1}" --batches "${TRITON_BATCHES:-16,256}" --dtypes float32 --passes forward,both \
     --peers none --backends torch,cuda,triton --rounds 3 --min-time 0.05 --energy-window 0 \
     --time-limit $(( budget - 30 )) --out /tmp/bench_cuda_triton --no-history --no-plots \
     >>"$OUT/bench.log" 2>&1

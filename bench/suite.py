@@ -146,7 +146,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         "unavailable": unavailable,
         "ceilings": ceilings.as_dict(),
         "memory_method": memory.MEMORY_METHOD[dev.type],
-        "energy": "NVML total-energy counter" if meter.available else f"absent: {meter.reason}",
+        "energy": meter.describe(),
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     output = RunOutput(table, meta)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bench.conftest import benchmark_device
-from bench.energy import EnergyMeter
+from bench.energy import EnergyMeter, ImplausibleEnergyError
 from bench.oracle import Oracle, tf32_enabled
 from bench.passes import PASSES, dtype_of, make_call
 from bench.runner import make_sets
@@ -93,11 +93,16 @@ def test_estimator(benchmark, backend: str, case: Case, pass_: str):
         return
     median = benchmark.stats.stats.median
     meter = EnergyMeter(device)
-    energy = meter.measure(call.timed, median) if meter.available else None
+    energy, why = None, f"absent: {meter.reason}"
+    if meter.available:
+        try:
+            energy, why = meter.measure(call.timed, median), meter.describe()
+        except ImplausibleEnergyError as e:
+            why = f"absent: {e}"
     benchmark.extra_info.update({
         "gflops": flops / median / 1e9, "gbps": nbytes / median / 1e9,
         "joules": energy.joules_per_call if energy else None,
         "watts": energy.watts if energy else None,
-        "energy": "NVML total-energy counter" if energy else f"absent: {meter.reason}",
+        "energy": why,
     })
     assert median > 0 and benchmark.extra_info["gflops"] > 0

@@ -29,7 +29,7 @@ from bench import (
     timing,
 )
 from bench.ceilings import Ceilings
-from bench.energy import EnergyMeter
+from bench.energy import EnergyMeter, ImplausibleEnergyError
 from bench.oracle import Oracle
 from bench.passes import PASSES, make_call
 from bench.sweeps import PAPER_BATCHES, PRESETS, KeptSweep, Preset, Sweep, expand
@@ -348,6 +348,15 @@ def test_energy_arithmetic_against_a_fake_nvml(monkeypatch):
     assert 0.2 <= energy.window_s < 0.5 and energy.calls >= 10
     assert energy.watts == pytest.approx(250, rel=0.05)
     assert energy.joules_per_call == pytest.approx(250 * energy.window_s / energy.calls, rel=0.05)
+    assert "at least 0.2 s" in meter.describe() and "rough" in meter.describe()
+    # a board that reports its limit: 250 W passes under 300 W and is refused under 200 W
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 300_000
+    assert EnergyMeter(torch.device("cuda", 0), window_s=0.2).measure(
+        lambda: time.sleep(0.002), per_call_s=0.002).watts == pytest.approx(250, rel=0.05)
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 200_000
+    with pytest.raises(ImplausibleEnergyError, match="above the board's 200 W limit"):
+        EnergyMeter(torch.device("cuda", 0), window_s=0.2).measure(
+            lambda: time.sleep(0.002), per_call_s=0.002)
 
 
 # ---------------------------------------------------------------- a whole run
