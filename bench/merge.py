@@ -11,7 +11,13 @@ are built again over all the cases together, as one run would have.
 
 A shape one piece skipped at its time limit and another measured is kept as measured. A
 measurement present in two runs is refused, unless `RUN:BACKENDS` keeps only some backends'
-rows of a run (a run of one new backend that also timed the others beside it).
+rows of a run (a run of one new backend that also timed the others beside it), or `--repeats`
+asks for the same sweep taken several times to be combined: each measurement is then the
+row of the run whose median is the median of the runs' (a wrong result in any run keeps the
+measurement wrong), its note giving the runs' range. Each row's ratios stay those of its own
+run, against backends timed beside it.
+
+    glai-bench merge reports/bench/cuda /tmp/run1 /tmp/run2 /tmp/run3 --repeats
 """
 
 from __future__ import annotations
@@ -67,15 +73,40 @@ def _best_ceilings(ceilings: list[dict]) -> dict:
     return best.as_dict()
 
 
-def merge(runs: list[tuple[pd.DataFrame, dict]]) -> tuple[pd.DataFrame, dict]:
+def _median_of_repeats(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per measurement of repeated runs: the run's row whose median is the median of
+    the runs' (the lower middle of an even count), or a wrong one if any run's was wrong."""
+    table = table.copy()
+    table["note"] = table["note"].astype(object)  # all empty reads back as floats
+    timed = table["status"].isin(["ok", "wrong"])
+    drop: list[int] = []
+    for _, group in table[timed].groupby(ROW_KEY, dropna=False, sort=False):
+        if len(group) == 1:
+            continue
+        ordered = group.sort_values("median_s", kind="stable")
+        wrong = ordered[ordered["status"] == "wrong"]
+        kept = wrong.index[0] if len(wrong) else ordered.index[(len(ordered) - 1) // 2]
+        lo, hi = ordered["median_s"].min(), ordered["median_s"].max()
+        note = f"median of {len(group)} runs' medians ({lo * 1e6:.4g}-{hi * 1e6:.4g} us)"
+        old = table.at[kept, "note"]
+        table.at[kept, "note"] = note if pd.isna(old) or not old else f"{old}; {note}"
+        drop.extend(i for i in group.index if i != kept)
+    return table.drop(index=drop).reset_index(drop=True)
+
+
+def merge(runs: list[tuple[pd.DataFrame, dict]],
+          repeats: bool = False) -> tuple[pd.DataFrame, dict]:
     """One (table, meta) from runs of one machine kind; raises ValueError for runs of
-    different machines or a measurement present in two runs."""
+    different machines or a measurement present in two runs (unless `repeats`: then the
+    median run's row)."""
     if not runs:
         raise ValueError("merge: give at least one run folder")
     machines = {m["provenance"].get("machine") for _, m in runs}
     if len(machines) != 1:
         raise ValueError(f"merge: runs must come from one machine kind, got {sorted(machines)}")
     table = _measured_over_skipped(pd.concat([df for df, _ in runs], ignore_index=True))
+    if repeats:
+        table = _median_of_repeats(table)
     twice = table[table.duplicated(subset=ROW_KEY)]
     if len(twice):
         example = ", ".join(f"{k}={twice.iloc[0][k]}" for k in ROW_KEY)
@@ -121,9 +152,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="run folders written by glai-bench run (DIR:b1,b2: those backends' rows)")
     p.add_argument("--install-dispatch", action="store_true",
                    help="copy the merged dispatch table into glai_kernels/dispatch/")
+    p.add_argument("--repeats", action="store_true",
+                   help="runs that repeat measurements: keep each one's median run's row")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    table, meta = merge([load(r) for r in args.runs])
+    table, meta = merge([load(r) for r in args.runs], repeats=args.repeats)
     for path in write(table, meta, args.out_dir, args.install_dispatch, not args.no_plots):
         print(f"wrote {path}")
 

@@ -104,3 +104,25 @@ def test_keeps_only_the_named_backends_of_a_run(two_runs, tmp_path):
     assert "(rows of triton only)" in meta["command"]
     with pytest.raises(ValueError, match=r"no rows of backend\(s\) \['cuda'\]"):
         merge.load(f"{extra}:cuda")
+
+
+def test_repeated_runs_keep_each_measurements_median_run(tmp_path):
+    ceilings = Ceilings({"float32": 1e11}, 1e10)
+    runs = [_run(tmp_path, f"r{k}", [_row("torch", 16, ms), _row("cpp", 16, 2.0 + k, status=st,
+                                                                  correct=st == "ok")],
+                 ceilings)
+            for k, (ms, st) in enumerate([(1.0, "ok"), (3.0, "wrong"), (2.0, "ok")])]
+    loaded = [merge.load(r) for r in runs]
+    with pytest.raises(ValueError, match="more than one run"):
+        merge.merge(loaded)
+    table, meta = merge.merge(loaded, repeats=True)
+    assert len(table) == 2 and [m["rows"] for m in meta["merged_from"]] == [2, 2, 2]
+    torch_row = table[table["backend"] == "torch"].iloc[0]
+    assert torch_row["median_s"] == pytest.approx(2e-3)  # of 1, 3 and 2 ms
+    assert "median of 3 runs' medians (1000-3000 us)" in torch_row["note"]
+    # cpp was wrong in one run of three: the measurement stays wrong
+    cpp_row = table[table["backend"] == "cpp"].iloc[0]
+    assert cpp_row["status"] == "wrong" and cpp_row["median_s"] == pytest.approx(3e-3)
+    # an even count keeps the lower middle
+    table, _ = merge.merge(loaded[:1] + loaded[2:], repeats=True)
+    assert table.loc[table["backend"] == "torch", "median_s"].item() == pytest.approx(1e-3)
