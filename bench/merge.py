@@ -58,9 +58,8 @@ def _measured_over_skipped(table: pd.DataFrame) -> pd.DataFrame:
     """Drops each skipped row whose measurement another run took, and repeats of a skipped
     row: a time limit's placeholder is not a measurement."""
     skipped = table["status"] == "skipped"
-    measured_keys = table.loc[~skipped, ROW_KEY].map(str).agg("|".join, axis=1)
     keys = table[ROW_KEY].map(str).agg("|".join, axis=1)
-    drop = skipped & (keys.isin(set(measured_keys)) | keys.duplicated())
+    drop = skipped & (keys.isin(set(keys[~skipped])) | keys.duplicated())
     return table[~drop].reset_index(drop=True)
 
 
