@@ -23,6 +23,7 @@ from test_sparse import Case, check_sparse, kept_mask
 from glai_kernels.registry import Backend
 from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
 from glai_kernels.sparse import reference as sparse_reference
+from glai_kernels.sparse.registry import groups_by_batch
 from reference import make_inputs, tolerance
 from reference.tolerance import worst_error
 
@@ -49,7 +50,7 @@ def forced(config: SparseConfig):
         forward=functools.partial(sparse_triton.triton_forward, config=config),
         forward_saving=functools.partial(sparse_triton.triton_forward_saving, config=config),
         backward=functools.partial(sparse_triton.triton_backward, config=config),
-        saved_shape=sparse_triton.saved_groups_shape,
+        saved_shape=groups_by_batch,
         devices=("cpu", "cuda"),
         description="the sparse triton backend with forced blocks (tests)",
     ))

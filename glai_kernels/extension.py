@@ -42,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -471,6 +472,46 @@ def sparse_saved_shape(groups, batch, device_type: str) -> tuple:
     if device_type == "cuda":
         return (groups, batch)
     return (groups, (batch + SPARSE_BATCH_PAD - 1) // SPARSE_BATCH_PAD * SPARSE_BATCH_PAD)
+
+
+_NOTHING_SAVED = torch.empty(0)  # "recompute the group sums"
+
+
+def run_sparse_forward(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                       index: Sequence[torch.Tensor]) -> torch.Tensor:
+    """glai_ext::sparse_forward (CPU and CUDA): x [B, I], act [B, P], values [K] over the
+    kept-path layout `index` (a KeptIndex) -> y [B, O]."""
+    return torch.ops.glai_ext.sparse_forward(x, act, values, list(index), False)[0]
+
+
+def run_sparse_forward_saving(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                              index: Sequence[torch.Tensor]
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """As run_sparse_forward, also returning the group sums Zg^T in the accumulation dtype,
+    shaped as sparse_saved_shape says, for dact."""
+    y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, list(index), True)
+    return y, zg
+
+
+def run_sparse_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    act: torch.Tensor,
+    values: torch.Tensor,
+    index: Sequence[torch.Tensor],
+    needs: tuple[bool, bool, bool],
+    saved: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """glai_ext::sparse_backward: dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), None for
+    a gradient not in `needs`; `saved`, run_sparse_forward's Zg^T, spares dact recomputing
+    the group sums."""
+    if saved is not None:
+        zg = saved
+    else:  # one empty tensor for every CPU call: a step at the paper's batch is tens of µs
+        zg = _NOTHING_SAVED if dy.device.type == "cpu" else dy.new_empty(0)
+    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg,
+                                               [bool(n) for n in needs])
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
 
 def _sparse_forward_fake(x, act, values, index, save):

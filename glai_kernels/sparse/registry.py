@@ -68,5 +68,11 @@ class SparseShape:
         return {"forward": forward, "backward": backward, "both": forward + backward}[pass_]
 
 
+def groups_by_batch(shape: SparseShape) -> tuple[int, int]:
+    """Zg^T kept as [G, B], the batch contiguous: the `saved_shape` of every backend that
+    does not pad the batch."""
+    return (shape.groups, shape.batch)
+
+
 SPARSE_ESTIMATOR = Registry("sparse_estimator")
 """The sparse kept-path estimator's backends (glai_kernels/sparse/backends/)."""

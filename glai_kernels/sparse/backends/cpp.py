@@ -34,52 +34,17 @@ Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
 
 from __future__ import annotations
 
-import torch
-
 from glai_kernels import extension
 from glai_kernels.registry import Backend
-from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
 
 BATCH_PAD = extension.SPARSE_BATCH_PAD
 """Zg^T's row length is B rounded up to this (glai_cpu::sparse::kBatchPad)."""
 
 
-_NOTHING_SAVED = torch.empty(0)  # "recompute the group sums"; one tensor for every call
-
-
 def padded_batch(batch):
     """B rounded up to BATCH_PAD (works on SymInts too)."""
     return extension.sparse_saved_shape(0, batch, "cpu")[1]
-
-
-def cpp_forward(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
-                index: KeptIndex) -> torch.Tensor:
-    """x [B, I], act [B, P], values [K] -> y [B, O]."""
-    return torch.ops.glai_ext.sparse_forward(x, act, values, list(index), False)[0]
-
-
-def cpp_forward_saving(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
-                       index: KeptIndex) -> tuple[torch.Tensor, torch.Tensor]:
-    """As cpp_forward, also returning Zg^T [G, padded_batch(B)] (accumulation dtype)."""
-    y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, list(index), True)
-    return y, zg
-
-
-def cpp_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    act: torch.Tensor,
-    values: torch.Tensor,
-    index: KeptIndex,
-    needs: tuple[bool, bool, bool],
-    saved: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), only those in `needs`; `saved` is
-    cpp_forward_saving's Zg^T, else dact recomputes the group sums."""
-    zg = saved if saved is not None else _NOTHING_SAVED
-    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg, list(needs))
-    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
 
 def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
@@ -96,9 +61,9 @@ def cpp_auto_priority() -> dict[str, int]:
 
 SPARSE_ESTIMATOR.register(Backend(
     name="cpp",
-    forward=cpp_forward,
-    backward=cpp_backward,
-    forward_saving=cpp_forward_saving,
+    forward=extension.run_sparse_forward,
+    backward=extension.run_sparse_backward,
+    forward_saving=extension.run_sparse_forward_saving,
     saved_shape=saved_groups_shape,
     devices=("cpu",),
     description="C++ extension: fused kept-path CPU kernels, batch on the vector lanes "

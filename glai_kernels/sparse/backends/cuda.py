@@ -21,60 +21,21 @@ where torch has CUDA, nvcc exists and a GPU is present; elsewhere unavailable wi
 
 from __future__ import annotations
 
-import torch
-
-from glai_kernels.extension import cuda_availability
+from glai_kernels import extension
 from glai_kernels.registry import Backend
-from glai_kernels.sparse.layout import KeptIndex
-from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
-
-
-def cuda_forward(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
-                 index: KeptIndex) -> torch.Tensor:
-    """x [B, I], act [B, P], values [K] -> y [B, O]."""
-    return torch.ops.glai_ext.sparse_forward(x, act, values, list(index), False)[0]
-
-
-def cuda_forward_saving(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
-                        index: KeptIndex) -> tuple[torch.Tensor, torch.Tensor]:
-    """As cuda_forward, also returning Zg^T [G, B] (accumulation dtype) for dact."""
-    y, zgt = torch.ops.glai_ext.sparse_forward(x, act, values, list(index), True)
-    return y, zgt
-
-
-def cuda_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    act: torch.Tensor,
-    values: torch.Tensor,
-    index: KeptIndex,
-    needs: tuple[bool, bool, bool],
-    saved: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, O] -> (dx [B, I], dact [B, P], dvalues [K]), only those in `needs`;
-    `saved` is the forward's Zg^T [G, B] (recomputed when absent and act needs a gradient)."""
-    zgt = saved if saved is not None else dy.new_empty(0)
-    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zgt,
-                                               [bool(n) for n in needs])
-    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
-
-
-def saved_groups_shape_t(shape: SparseShape) -> tuple[int, int]:
-    """Zg^T: [G, B]."""
-    return (shape.groups, shape.batch)
-
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, groups_by_batch
 
 SPARSE_ESTIMATOR.register(Backend(
     name="cuda",
-    forward=cuda_forward,
-    backward=cuda_backward,
-    forward_saving=cuda_forward_saving,
-    saved_shape=saved_groups_shape_t,
+    forward=extension.run_sparse_forward,
+    backward=extension.run_sparse_backward,
+    forward_saving=extension.run_sparse_forward_saving,
+    saved_shape=groups_by_batch,
     devices=("cuda",),
     description="CUDA extension: fused gathers over the kept-path layout, batch on the lanes, "
                 "fixed-order reductions (deterministic)",
     # above `torch` (10): one fused pass per product instead of CSR products and index_adds;
     # a roofline prediction (bench/NOTES.md, "cuda (sparse)"), not yet measured on a GPU
     auto_priority={"cuda": 20},
-    availability=cuda_availability,
+    availability=extension.cuda_availability,
 ))

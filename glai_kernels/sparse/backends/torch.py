@@ -28,7 +28,7 @@ import torch
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
-from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, groups_by_batch
 
 
 def _csr(ptr: torch.Tensor, cols: torch.Tensor, values: torch.Tensor,
@@ -104,17 +104,12 @@ def torch_backward(
     return dx, dact, dvalues
 
 
-def saved_groups_shape_t(shape: SparseShape) -> tuple[int, int]:
-    """Zg^T: [G, B]."""
-    return (shape.groups, shape.batch)
-
-
 SPARSE_ESTIMATOR.register(Backend(
     name="torch",
     forward=torch_forward,
     backward=torch_backward,
     forward_saving=torch_forward_saving,
-    saved_shape=saved_groups_shape_t,
+    saved_shape=groups_by_batch,
     devices=("cpu", "cuda"),
     description="plain PyTorch: CSR sparse-dense products over the (o, s) groups",
     auto_priority={"cpu": 10, "cuda": 10},

@@ -54,7 +54,7 @@ from glai_kernels.backends.triton import (
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
-from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, groups_by_batch
 
 try:
     import triton
@@ -325,11 +325,6 @@ def triton_backward(
     return dx, dact, dvalues
 
 
-def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
-    """Zg as this backend keeps it: [G, B], the batch contiguous."""
-    return (shape.groups, shape.batch)
-
-
 # ----------------------------------------------------------------------------------------
 # Registration
 
@@ -341,7 +336,7 @@ SPARSE_ESTIMATOR.register(Backend(
     forward=triton_forward,
     backward=triton_backward,
     forward_saving=triton_forward_saving,
-    saved_shape=saved_groups_shape,
+    saved_shape=groups_by_batch,
     devices=("cpu", "cuda"),
     description="Triton kernels walking the kept-path layout: one program per (output, "
                 "batch block), gathers for the gradients, no atomics (on CPU only under "
