@@ -509,8 +509,7 @@ def run_sparse_backward(
         zg = saved
     else:  # one empty tensor for every CPU call: a step at the paper's batch is tens of µs
         zg = _NOTHING_SAVED if dy.device.type == "cpu" else dy.new_empty(0)
-    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg,
-                                               [bool(n) for n in needs])
+    grads = torch.ops.glai_ext.sparse_backward(dy, x, act, values, list(index), zg, list(needs))
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
 
