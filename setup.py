@@ -5,7 +5,7 @@
 
 Without GLAI_KERNELS_BUILD=1 this file adds nothing and imports no torch, and the extension
 is built just in time on first use instead. With it, the CPU kernels are built (and the CUDA
-ones when torch has CUDA and nvcc is found) from glai_kernels/extension.py's sources and
+ones when torch has CUDA and nvcc is found) from glai_kernels/extension_build.py's sources and
 flags, the JIT build's own. `--no-build-isolation` lets the build see the torch it compiles
 against (with ninja and a C++ compiler), which must be the one installed beside it.
 """
@@ -30,7 +30,7 @@ def extension_arguments() -> dict:
     # Loaded by its path: the build need not have the project on sys.path, and the module
     # imports only torch (importing the package would register every backend).
     spec = importlib.util.spec_from_file_location(
-        "glai_kernels_extension_build", ROOT / "glai_kernels" / "extension.py")
+        "glai_kernels_extension_build", ROOT / "glai_kernels" / "extension_build.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)

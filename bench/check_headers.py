@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 from bench.check_cuda import cuda_include_dir, cuda_macros_stub, find_nvcc, on_every_core
-from glai_kernels import extension
+from glai_kernels import extension_build
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFINES = ("-DTORCH_EXTENSION_NAME=glai_ext", "-DTORCH_API_INCLUDE_EXTENSION_H")
@@ -76,8 +76,8 @@ def syntax_errors(source: Path, include: Path, cuda_include: Path | None = None,
     torch/include folder), the CUDA toolkit's headers in `cuda_include` (if any) and the
     extension's flags; the compiler's errors, or None."""
     compiler = compiler or os.environ.get("CXX", "c++")
-    flags = [f for f in extension.CFLAGS if f != "-O3"]  # no code is generated
-    includes = [f"-I{extension.CSRC}", f"-isystem{include}",
+    flags = [f for f in extension_build.CFLAGS if f != "-O3"]  # no code is generated
+    includes = [f"-I{extension_build.CSRC}", f"-isystem{include}",
                 f"-isystem{include / 'torch' / 'csrc' / 'api' / 'include'}",
                 f"-isystem{sysconfig.get_paths()['include']}"]
     if cuda_include is not None:
@@ -91,8 +91,8 @@ def syntax_errors(source: Path, include: Path, cuda_include: Path | None = None,
 
 def sources() -> list[Path]:
     """The C++ the JIT build compiles with the host compiler: CPU sources, CUDA bindings."""
-    bindings = [p for p in extension.cuda_sources() if p.suffix == ".cpp"]
-    return extension.cpu_sources() + bindings
+    bindings = [p for p in extension_build.cuda_sources() if p.suffix == ".cpp"]
+    return extension_build.cpu_sources() + bindings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         version = args.torch or oldest_admitted()
         try:
-            include = fetch_headers(version, extension.cache_root())
+            include = fetch_headers(version, extension_build.cache_root())
         except FetchError as error:
             print(f"check-headers: {error}")
             return 0 if args.skip_if_offline else 1

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    build = extension.build()
+    build = extension.load()
     if build.error is not None:
         print(f"cpp backend unavailable: {build.error}")
         return 1

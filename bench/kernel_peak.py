@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.85)
     args = parser.parse_args(argv)
-    build = extension.build()
+    build = extension.load()
     if build.error is not None:
         print(f"cpp backend unavailable: {build.error}")
         return 1

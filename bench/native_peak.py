@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from glai_kernels import extension
+from glai_kernels import extension_build
 
-SOURCE = extension.CSRC / "cpu" / "peak.cpp"
+SOURCE = extension_build.CSRC / "cpu" / "peak.cpp"
 LIBRARY = "glai_peak"
 # kernel name in peak.cpp -> (instruction set it needs, dtype whose ceiling it measures)
 # one timed run of a peak kernel lasts about this long (see fma_rate)
@@ -46,17 +46,17 @@ KERNELS: dict[str, tuple[str, str]] = {
 
 def _directory():
     h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (*extension.CFLAGS, *extension.LDFLAGS, extension.cxx_compiler(),
+    for part in (*extension_build.CFLAGS, *extension_build.LDFLAGS, extension_build.cxx_compiler(),
                  torch.__version__):
         h.update(part.encode() + b"\0")
-    return extension.cache_root() / f"{LIBRARY}-{torch.__version__}-{h.hexdigest()[:16]}"
+    return extension_build.cache_root() / f"{LIBRARY}-{torch.__version__}-{h.hexdigest()[:16]}"
 
 
 @functools.cache
 def load() -> str | None:
     """Build (or load from the cache) the glai_peak library once per process; None when its
     ops are usable, else why not (the build's error, summarised)."""
-    missing = extension.missing_tools()
+    missing = extension_build.missing_tools()
     if missing is not None:
         return f"cannot build {LIBRARY}: {missing}"
     directory = _directory()
@@ -68,9 +68,9 @@ def load() -> str | None:
         from torch.utils.cpp_extension import load as jit_load
 
         directory.mkdir(parents=True, exist_ok=True)
-        jit_load(name=LIBRARY, sources=[str(SOURCE)], extra_cflags=list(extension.CFLAGS),
-                 extra_ldflags=list(extension.LDFLAGS), build_directory=str(directory),
-                 is_python_module=False, verbose=bool(os.environ.get(extension.VERBOSE_ENV)))
+        jit_load(name=LIBRARY, sources=[str(SOURCE)], extra_cflags=list(extension_build.CFLAGS),
+                 extra_ldflags=list(extension_build.LDFLAGS), build_directory=str(directory),
+                 is_python_module=False, verbose=bool(os.environ.get(extension_build.VERBOSE_ENV)))
     except Exception as error:  # a ceiling that cannot be measured must not stop the run
         return f"building {LIBRARY} failed: {type(error).__name__}: {str(error)[-300:]}"
     return None

@@ -50,8 +50,8 @@ step build | tee -a "$OUT/steps.txt"
 timeout "$BUILD_S" "$PY" - >"$OUT/build.log" 2>&1 <<'EOF'
 import time
 t = time.perf_counter()
-from glai_kernels import extension
-b = extension.build()
+from glai_kernels import extension_build
+b = extension_build.build()
 print(f"built in {time.perf_counter() - t:.1f} s: error={b.error} with_cuda={b.with_cuda} "
       f"cuda_reason={b.cuda_reason}")
 EOF

@@ -17,7 +17,7 @@ from bench.ceilings import LIBRARY_GEMM, Ceilings
 from bench.passes import PASSES
 from bench.physical import Machine, cpu_compute_ceiling, cuda_datasheet_peak
 from bench.sweeps import Preset, Sweep
-from glai_kernels import extension
+from glai_kernels import extension, extension_build
 from glai_kernels.contract import Shape
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
@@ -125,7 +125,7 @@ def test_native_peaks_and_triad_run():
 
 
 def test_a_failed_build_degrades_to_a_labelled_fallback(monkeypatch):
-    monkeypatch.setattr(extension, "missing_tools", lambda: "no C++ compiler (test)")
+    monkeypatch.setattr(extension_build, "missing_tools", lambda: "no C++ compiler (test)")
     native_peak.load.cache_clear()
     try:
         fields = ceilings.cpu_physical(("float32",), 0.01)

@@ -13,21 +13,21 @@ import pytest
 from torch.utils.cpp_extension import include_paths
 
 from bench import check_headers
-from glai_kernels import extension
+from glai_kernels import extension_build
 
-pytestmark = pytest.mark.skipif(shutil.which(extension.cxx_compiler()) is None,
+pytestmark = pytest.mark.skipif(shutil.which(extension_build.cxx_compiler()) is None,
                                 reason="no C++ compiler")
 
 
 def test_the_eager_node_compiles_against_this_torch():
-    source = extension.CSRC / "eager_autograd.cpp"
+    source = extension_build.CSRC / "eager_autograd.cpp"
     assert check_headers.syntax_errors(source, Path(include_paths()[0])) is None
 
 
 def test_a_node_made_for_the_other_pointer_type_is_refused(tmp_path):
     # the eager node held the way the other torch releases hold autograd nodes: the build
     # error torch 2.11 gave (shared_ptr there, intrusive_ptr in 2.13), now reversed
-    text = (extension.CSRC / "eager_autograd.cpp").read_text()
+    text = (extension_build.CSRC / "eager_autograd.cpp").read_text()
     edge = (Path(include_paths()[0]) / "torch/csrc/autograd/edge.h").read_text()
     other = ("c10::make_intrusive<EstimatorBackward>()" if "std::shared_ptr<Node> function"
              in edge else "std::make_shared<EstimatorBackward>()")

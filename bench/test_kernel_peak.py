@@ -12,7 +12,7 @@ from glai_kernels import extension
 
 @pytest.fixture(scope="module")
 def runnable():
-    if extension.build().error is not None:
+    if extension.load().error is not None:
         pytest.skip("the cpp extension is unavailable here")
     if kernel_peak.PEAK_KERNEL not in native_peak.available_kernels():
         pytest.skip(f"no {kernel_peak.PEAK_KERNEL} peak kernel on this CPU")

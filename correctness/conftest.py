@@ -17,6 +17,7 @@ from backends_under_test import backend_param, backends_under_test
 from fuzz import FUZZ_SEED_VAR, fuzz_seed
 
 from glai_kernels import extension, registry
+from glai_kernels.extension_build import Build
 
 DEVICES = ("cpu", "cuda")
 def pytest_report_header(config) -> str:
@@ -56,9 +57,10 @@ def deterministic():
 
 
 @pytest.fixture(scope="module")
-def built() -> extension.Build:
-    """The glai_ext extension, built or loaded (skipped where it cannot be)."""
-    result = extension.build()
+def built() -> Build:
+    """The glai_ext extension, built or loaded, its ops' fakes registered (skipped where it
+    cannot be)."""
+    result = extension.load()
     if result.error is not None:
         pytest.skip(f"the extension is unavailable here: {result.error}")
     return result
@@ -78,8 +80,8 @@ def parallel_always(built):
 def isa(request):
     """Each instruction set of the cpp kernels in turn (skipped where this CPU or the
     extension lacks it), restoring the run-time choice afterwards."""
-    if extension.build().error is not None:
-        pytest.skip(f"the extension is unavailable here: {extension.build().error}")
+    if extension.load().error is not None:
+        pytest.skip(f"the extension is unavailable here: {extension.load().error}")
     previous = torch.ops.glai_ext.cpu_isa()
     try:
         torch.ops.glai_ext.cpu_isa(request.param)

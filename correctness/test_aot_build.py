@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from glai_kernels import extension
+from glai_kernels import extension_build
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_ENV = "GLAI_KERNELS_BUILD"
@@ -77,8 +77,8 @@ def test_plain_wheel_is_pure_python(tmp_path):
 @pytest.mark.slow
 def test_aot_wheel_carries_the_extension_and_is_loaded(tmp_path):
     """~1 minute: one compile of the CPU kernels (and the CUDA ones where nvcc is found)."""
-    if extension.missing_tools() is not None:
-        pytest.skip(f"cannot build here: {extension.missing_tools()}")
+    if extension_build.missing_tools() is not None:
+        pytest.skip(f"cannot build here: {extension_build.missing_tools()}")
     wheel = _wheel(tmp_path, build=True)
     names = zipfile.ZipFile(wheel).namelist()
     assert [n for n in names if n.startswith("glai_kernels/_C") and n.endswith(".so")], names
@@ -92,8 +92,8 @@ def test_aot_wheel_carries_the_extension_and_is_loaded(tmp_path):
     cache = tmp_path / "jit-cache"
     code = textwrap.dedent("""
         import torch, glai_kernels
-        from glai_kernels import extension
-        result = extension.build()
+        from glai_kernels import extension_build
+        result = extension_build.build()
         print("AOT:", result.ahead_of_time, "ERROR:", result.error)
         print("FROM:", result.library)
         x, act, w = torch.randn(3, 4), torch.rand(3, 5), torch.randn(2, 4, 5)
@@ -102,7 +102,7 @@ def test_aot_wheel_carries_the_extension_and_is_loaded(tmp_path):
         print("CPP OK")
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
-           extension.CACHE_ENV: str(cache)}
+           extension_build.CACHE_ENV: str(cache)}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -111,10 +111,10 @@ def test_aot_wheel_carries_the_extension_and_is_loaded(tmp_path):
     assert not cache.exists(), "the installed library should have spared the JIT build"
 
     # built from other sources: not loaded (the JIT build would run instead)
-    info = site / "glai_kernels" / extension.AOT_INFO
+    info = site / "glai_kernels" / extension_build.AOT_INFO
     info.write_text(json.dumps({**json.loads(info.read_text()), "sources": "other"}))
-    check = ("from glai_kernels import extension; "
-             "print('FOUND:', extension.installed_library())")
+    check = ("from glai_kernels import extension_build; "
+             "print('FOUND:', extension_build.installed_library())")
     done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
