@@ -10,9 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "isa.h"  // the ISA ladder: GLAI_X86, GLAI_ISA_BEGIN/END
 #include "kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if GLAI_X86
 #include <immintrin.h>  // the bfloat16 kernels' dot-product intrinsics
 #endif
 
@@ -23,51 +24,26 @@ void free_scratch(const void* p) { std::free(const_cast<void*>(p)); }
 
 }  // namespace glai_cpu
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define GLAI_X86 1
-#endif
-
 #if GLAI_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#endif
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
 namespace glai_cpu::avx512 {
 #define VBYTES 64
 #include "kernels.inc"
 #undef VBYTES
 }  // namespace glai_cpu::avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+GLAI_ISA_END()
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX2)
 namespace glai_cpu::avx2 {
 #define VBYTES 32
 #include "kernels.inc"
 #undef VBYTES
 }  // namespace glai_cpu::avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")
-#endif
+GLAI_ISA_END()
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX512BF16)
 namespace glai_cpu::avx512bf16 {
 #include "kernels_bf16.inc"
 }  // namespace glai_cpu::avx512bf16
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+GLAI_ISA_END()
 #endif  // GLAI_X86
 
 // The baseline of the build's target (SSE2 on x86-64, NEON on aarch64): 16-byte vectors.

@@ -6,44 +6,26 @@
 #include <cstdint>
 #include <cstring>
 
+#include "isa.h"  // the ISA ladder: GLAI_X86, GLAI_ISA_BEGIN/END
 #include "kernels.h"
 #include "sparse_kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define GLAI_SPARSE_X86 1
-#endif
-
-#if GLAI_SPARSE_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#endif
+#if GLAI_X86
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
 namespace glai_cpu::sparse::avx512 {
 #define VBYTES 64
 #include "sparse_kernels.inc"
 #undef VBYTES
 }  // namespace glai_cpu::sparse::avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+GLAI_ISA_END()
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX2)
 namespace glai_cpu::sparse::avx2 {
 #define VBYTES 32
 #include "sparse_kernels.inc"
 #undef VBYTES
 }  // namespace glai_cpu::sparse::avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif  // GLAI_SPARSE_X86
+GLAI_ISA_END()
+#endif  // GLAI_X86
 
 namespace glai_cpu::sparse::portable {
 #define VBYTES 16
@@ -66,7 +48,7 @@ struct Named {
 template <typename T>
 const Kernels<T>& pick() {
   static const Named<T> sets[] = {
-#if GLAI_SPARSE_X86
+#if GLAI_X86
       {"avx512", GLAI_SPARSE_SET(avx512, T)},
       {"avx2", GLAI_SPARSE_SET(avx2, T)},
 #endif
