@@ -1,5 +1,5 @@
 """`glai_ext::sparse_dvalues_adam`: dvalues and Adam/AdamW on the kept values inside the `cpp`
-kernel, chunk by chunk of groups (glai_kernels/csrc/sparse_binding.cpp), against the `cpp`
+kernel, chunk by chunk of groups (glai_kernels/csrc/cpu/cpu_sparse_binding.cpp), against the `cpp`
 backward's dvalues followed by torch's own fused update; `glai_ext::bias_adam` (dbias and its
 update in one call) against torch's sum and fused update; and FusedSparseStep on them against
 the ordinary autograd + torch.optim step."""

@@ -88,7 +88,7 @@ def _forward_fake(x, act, weight, save):
     batch, _, paths, outputs = _fake_sizes(x, act, weight)
     # the CPU kernels return Z [B, O, P] when asked to save it; the CUDA ones keep none
     keeps_z = save and x.device.type == "cpu"
-    # Z in the computation type: float32 for half inputs (as glai_ext.cpp keeps it)
+    # Z in the computation type: float32 for half inputs (as cpu/cpu_dense_binding.cpp keeps it)
     z_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     saved = x.new_empty(batch, outputs, paths, dtype=z_dtype) if keeps_z else x.new_empty(0)
     return x.new_empty(batch, outputs), saved

@@ -70,13 +70,18 @@ CUDA_CFLAGS = ("-O3", "-lineinfo")
 
 
 def cpu_sources() -> list[Path]:
-    return [CSRC / "glai_ext.cpp", CSRC / "task_pool.cpp", CSRC / "gradient_cache.cpp",
+    """The library's C++: the op schemas, the shared runtime (task pool, kept results, the
+    eager autograd node), and the CPU bindings with the kernels they run."""
+    return [CSRC / "schema.cpp", CSRC / "task_pool.cpp", CSRC / "gradient_cache.cpp",
             CSRC / "eager_autograd.cpp",
-            CSRC / "cpu" / "cpu_dispatch.cpp",
-            CSRC / "sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
+            CSRC / "cpu" / "cpu_dense_binding.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
+            CSRC / "cpu" / "cpu_sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
 
 
 def cuda_sources() -> list[Path]:
+    """The CUDA part: the kernels (.cu, compiled by nvcc) and their bindings (.cpp). Every
+    source's file name is unique across both lists: torch's JIT build names each object
+    after it alone."""
     return [*sorted((CSRC / "cuda").glob("*.cu")), *sorted((CSRC / "cuda").glob("*.cpp"))]
 
 

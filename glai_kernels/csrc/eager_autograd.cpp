@@ -154,12 +154,6 @@ at::Tensor estimator_eager(const at::Tensor& x, const at::Tensor& act, const at:
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
-  m.def(
-      "estimator_eager(Tensor x, Tensor act, Tensor weight, Tensor? bias, bool save, "
-      "str backend) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(glai_ext, Autograd, m) { m.impl("estimator_eager", &estimator_eager); }
 
 }  // namespace glai_ext

@@ -1,4 +1,4 @@
-// The CUDA implementation of the sparse glai_ext ops (schemas: sparse_schema.h): checks the
+// The CUDA implementation of the sparse glai_ext ops (schemas: ../schema.cpp): checks the
 // arguments, transposes x, act and dy to the kernels' batch-fastest layout ([rows, B]) and
 // launches sparse_kernels.cuh's passes on torch's current stream.
 //
@@ -17,12 +17,9 @@
 
 #include "cuda/sparse_kernels.cuh"
 #include "cuda/torch_dtype.h"
-#include "sparse_schema.h"
 
 namespace glai_ext {
 namespace {
-
-[[maybe_unused]] const bool kSchemasDefined = define_sparse_schemas();
 
 constexpr std::array<const char*, 10> kIndexFields = {
     "inputs", "group_ptr", "group_outputs", "group_paths", "output_ptr",

@@ -1,4 +1,5 @@
-// The sparse kept-path estimator's ops in the glai_ext library, CPU implementation.
+// The sparse kept-path estimator's ops in the glai_ext library, CPU implementation (schemas:
+// ../schema.cpp).
 //
 //   glai_ext::sparse_forward(x [B, I], act [B, P], values [K], index, save) -> (y [B, O], zg)
 //   glai_ext::sparse_backward(dy [B, O], x, act, values, index, saved, needs [3])
@@ -36,7 +37,6 @@
 #include <vector>
 
 #include "cpu/sparse_kernels.h"
-#include "sparse_schema.h"
 #include "task_pool.h"
 
 namespace glai_ext {
@@ -502,18 +502,8 @@ int64_t sparse_min_work(int64_t work) {
 
 }  // namespace
 
-// The two ops' schemas are shared with the CUDA implementation (sparse_schema.h).
-[[maybe_unused]] const bool kSchemasDefined = glai_ext::define_sparse_schemas();
-
-TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
-  m.def("sparse_min_work(int work=-1) -> int", &sparse_min_work);
-  m.def("sparse_dvalues_adam(Tensor dy, Tensor x, Tensor act, Tensor(a!) values, Tensor[] index,"
-        " Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, float beta1, float beta2,"
-        " float weight_decay, float eps, float step, bool decoupled) -> ()");
-  m.def("bias_adam(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq,"
-        " float lr, float beta1, float beta2, float weight_decay, float eps, float step,"
-        " bool decoupled) -> ()");
-}
+// No dispatch key: one kernel for every caller, as a schema's own (it takes no tensor).
+TORCH_LIBRARY_FRAGMENT(glai_ext, m) { m.impl("sparse_min_work", &sparse_min_work); }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_forward", &sparse_forward_cpu);

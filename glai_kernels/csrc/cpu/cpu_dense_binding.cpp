@@ -1,21 +1,12 @@
-// The glai_ext operator library: schemas and the CPU implementation.
+// The CPU implementation of the dense glai_ext ops (schemas: ../schema.cpp): forward,
+// backward and linear on the kernels of cpu/kernels.h, and the control ops (the instruction
+// set, the task runner, the thread threshold, the kept results of gradient_cache.h). Also the
+// argument checks of glai_ext.h, which the CUDA binding shares.
 //
-//   glai_ext::forward(x [B, I], act [B, P], weight [O, I, P], save) -> (y [B, O], saved)
-//   glai_ext::backward(dy, x, act, weight, saved, need_x, need_act, need_weight)
-//       -> (dx [B, I], dact [B, P], dweight [O, I, P]), each empty [0] when not needed
-//   glai_ext::linear(x [B, I], weight_t [I, N], bias [N]?, gates) -> [B, N]: a frozen layer
-//       (x weight_t + bias, or its 0/1 gates when `gates`), float32/float64, CPU only
-//   glai_ext::cpu_isa(name="") -> the CPU instruction set in use (name selects one)
-//   glai_ext::cpu_runner(name="") -> who runs the kernels' tasks: "pool" or "openmp"
-//   glai_ext::parallel_threads(tasks) -> threads that ran the tasks (a test hook)
-//   glai_ext::min_flops_per_thread(flops=-1) -> the dense kernels' threshold (a test hook)
-//   glai_ext::release_cached_results() -> bytes freed of the large results kept for reuse
-//       (gradient_cache.h); glai_ext::cached_result_bytes() -> bytes kept now;
-//       glai_ext::cached_result_limit(bytes=-1) -> the limit before (sets it when >= 0)
-//
-// `saved` is Z [B, O, P] (Z[b, o, s] = sum_i x[b, i] weight[o, i, s]) when `save` is true,
-// in the computation type (float for half inputs, never rounded to them), else empty; the backward takes dact from it at B*O*P cost instead of a GEMM. The CUDA
-// implementation of the same schemas is registered by cuda/binding.cpp when it is built.
+// `saved` is Z [B, O, P] in the computation type (float for half inputs, never rounded to
+// them) when `save` is true, else empty; the backward takes dact from it at B*O*P cost
+// instead of a GEMM. The CUDA implementation of the same schemas is registered by
+// cuda/cuda_dense_binding.cpp when it is built.
 //
 // Narrow ATen headers instead of torch/extension.h halve the first build (bench/NOTES.md).
 #include <ATen/OpMathType.h>
@@ -362,19 +353,15 @@ int64_t min_flops_per_thread(int64_t flops) {
 
 }  // namespace
 
-TORCH_LIBRARY(glai_ext, m) {
-  m.def("forward(Tensor x, Tensor act, Tensor weight, bool save) -> (Tensor, Tensor)");
-  m.def(
-      "backward(Tensor dy, Tensor x, Tensor act, Tensor weight, Tensor saved, bool need_x, "
-      "bool need_act, bool need_weight) -> (Tensor, Tensor, Tensor)");
-  m.def("linear(Tensor x, Tensor weight_t, Tensor? bias, bool gates) -> Tensor");
-  m.def("cpu_isa(str name=\"\") -> str", &cpu_isa);
-  m.def("cpu_runner(str name=\"\") -> str", &cpu_runner);
-  m.def("parallel_threads(int tasks) -> int", &parallel_threads);
-  m.def("min_flops_per_thread(int flops=-1) -> int", &min_flops_per_thread);
-  m.def("release_cached_results() -> int", &release_cached_results);
-  m.def("cached_result_bytes() -> int", &cached_result_bytes);
-  m.def("cached_result_limit(int bytes=-1) -> int", &cached_result_limit);
+// No dispatch key: one kernel for every caller, as a schema's own (these ops take no tensor).
+TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
+  m.impl("cpu_isa", &cpu_isa);
+  m.impl("cpu_runner", &cpu_runner);
+  m.impl("parallel_threads", &parallel_threads);
+  m.impl("min_flops_per_thread", &min_flops_per_thread);
+  m.impl("release_cached_results", &release_cached_results);
+  m.impl("cached_result_bytes", &cached_result_bytes);
+  m.impl("cached_result_limit", &cached_result_limit);
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {

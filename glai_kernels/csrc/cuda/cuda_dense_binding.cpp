@@ -1,4 +1,4 @@
-// The CUDA implementation of the glai_ext ops (schemas in glai_ext.cpp): translates tensors
+// The CUDA implementation of the dense glai_ext ops (schemas: ../schema.cpp): translates tensors
 // into the C interface of estimator_kernels.cuh and launches on torch's current stream.
 //
 // The CUDA kernels keep no Z: `save` is accepted and an empty `saved` returned, so the
