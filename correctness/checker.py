@@ -11,15 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference import (
-    Inputs,
-    abs_forward64,
-    abs_grads64,
-    forward64,
-    grads64,
-    make_inputs,
-    tolerance,
-)
+from reference import Inputs, abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
 from reference.inputs import Gates
 from reference.verdict import judge
 

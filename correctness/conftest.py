@@ -15,8 +15,9 @@ import pytest
 import torch
 from backends_under_test import backend_param, backends_under_test
 from fuzz import FUZZ_SEED_VAR, fuzz_seed
+from spy_backends import spy_backend
 
-from glai_kernels import extension, registry
+from glai_kernels import dispatch, extension, registry
 from glai_kernels.extension_build import Build
 
 DEVICES = ("cpu", "cuda")
@@ -54,6 +55,20 @@ def deterministic():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(previous)
+
+
+@pytest.fixture
+def spy_calls():
+    """Two CPU backends recording their calls (spy_backends.py), registered for one test:
+    spy_high outranks spy_low by priority. Yields the calls, "<name>.forward" or
+    "<name>.backward", in order; the backends and the dispatch cache go afterwards."""
+    calls: list[str] = []
+    registry.register(spy_backend("spy_low", 1_000, calls))
+    registry.register(spy_backend("spy_high", 2_000, calls))
+    yield calls
+    registry.unregister("spy_low")
+    registry.unregister("spy_high")
+    dispatch.clear_cache()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from spy_backends import spy_backend
 
 import glai_kernels
 from glai_kernels import dispatch, registry
@@ -15,18 +14,11 @@ from glai_kernels.dispatch import Call
 
 
 @pytest.fixture
-def spies(monkeypatch):
-    """Two CPU backends recording their calls: spy_high outranks spy_low by priority."""
-    calls: list[str] = []
-
-
+def spies(monkeypatch, spy_calls):
+    """Two CPU backends recording their calls: spy_high outranks spy_low by priority
+    (correctness/conftest.py), with no backend named by the environment."""
     monkeypatch.delenv("GLAI_BACKEND", raising=False)
-    registry.register(spy_backend("spy_low", 1_000, calls))
-    registry.register(spy_backend("spy_high", 2_000, calls))
-    yield calls
-    registry.unregister("spy_low")
-    registry.unregister("spy_high")
-    dispatch.clear_cache()
+    return spy_calls
 
 
 def _entry(winner: str, bucket: int, size: int = 7, mode: str = "both",

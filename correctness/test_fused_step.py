@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from fused_step_setup import OPTIMIZERS, batches, sparse_head, state_of
 from glai_models import random_mlp
 
 from glai_kernels import registry
@@ -20,27 +21,10 @@ from glai_kernels.glai import from_mlp, info_nce, prune, two_views
 from glai_kernels.glai.fused_step import FusedSparseStep, fused_step_for
 from glai_kernels.sparse import SPARSE_ESTIMATOR
 
-STEPS = 3
-BATCH = 13  # crosses the cpp kernels' 8- and 16-lane tiles
-
 
 @pytest.fixture(autouse=True)
 def _no_backend_request(monkeypatch):
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
-
-
-def sparse_head(dtype, dropout=0.0, backend=None):
-    mlp = random_mlp((11, 14, 5), seed=3, dtype=dtype, dropout=dropout)
-    omega = torch.randn(64, 11, dtype=dtype, generator=torch.Generator().manual_seed(1))
-    head = prune(from_mlp(mlp), omega, mu=0.3, layout="sparse").head
-    head.backend = backend
-    return head.train()
-
-
-def batches(dtype):
-    gen = torch.Generator().manual_seed(7)
-    return [(torch.randn(BATCH, 11, generator=gen, dtype=dtype),
-             torch.randint(0, 5, (BATCH,), generator=gen)) for _ in range(STEPS)]
 
 
 LOSSES = {
@@ -49,22 +33,6 @@ LOSSES = {
     "two_calls": lambda model, x, t: (model(x).square().mean()
                                       + F.cross_entropy(model(x.flip(0)), t)),
 }
-OPTIMIZERS = {
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, fused=True),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=True),
-    "adam_unfused": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1),
-}
-
-
-def state_of(head, optimizer):
-    values, bias = head.sparse_weight.values, head.bias
-    tensors = [values.detach(), bias.detach()]
-    for p in (values, bias):
-        st = optimizer.state[p]
-        tensors += [st["exp_avg"], st["exp_avg_sq"], st["step"]]
-    return tensors
-
-
 def backends():
     return [b.name for b in SPARSE_ESTIMATOR.backends()
             if b.unsupported_reason("cpu", torch.float32) is None]

@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from test_fused_step import OPTIMIZERS, batches, sparse_head, state_of
-from test_sparse_cpp import _problem
+from fused_step_setup import OPTIMIZERS, batches, sparse_head, state_of
+from sparse_checker import sparse_problem
 
 from glai_kernels.glai.fused_step import FusedSparseStep
 
@@ -56,7 +56,7 @@ def _torch_steps(problem, decoupled, steps=STEPS):
 def test_the_update_in_the_kernel_is_torchs_update(batch, inputs, decoupled, dtype):
     """Groups of ~100 entries over several 4,096-entry chunks; at 50 rows the blocked dvalues,
     at 100 the general form."""
-    problem = _problem(batch, inputs, 9, 7, 0.5, dtype=dtype, seed=batch)
+    problem = sparse_problem(batch, inputs, 9, 7, 0.5, dtype=dtype, seed=batch)
     assert problem[2].numel() > 2 * 4096
     for got, want in zip(_kernel_steps(problem, decoupled), _torch_steps(problem, decoupled),
                          strict=True):
@@ -64,7 +64,7 @@ def test_the_update_in_the_kernel_is_torchs_update(batch, inputs, decoupled, dty
 
 
 def test_a_group_larger_than_a_chunk_and_an_empty_batch():
-    problem = _problem(16, 6000, 2, 1, 0.9, seed=4)  # two groups of ~5,400 entries
+    problem = sparse_problem(16, 6000, 2, 1, 0.9, seed=4)  # two groups of ~5,400 entries
     assert problem[2].numel() > 2 * 4096 and len(problem[3][2]) == 2
     for got, want in zip(_kernel_steps(problem, False), _torch_steps(problem, False),
                          strict=True):
@@ -77,7 +77,7 @@ def test_a_group_larger_than_a_chunk_and_an_empty_batch():
 
 
 def test_the_thread_count_does_not_change_the_bits(parallel_always):
-    problem = _problem(50, 600, 9, 7, 0.5, seed=2)
+    problem = sparse_problem(50, 600, 9, 7, 0.5, seed=2)
     torch.set_num_threads(1)
     one = _kernel_steps(problem, False)
     torch.set_num_threads(2)
@@ -86,7 +86,7 @@ def test_the_thread_count_does_not_change_the_bits(parallel_always):
 
 
 def test_inputs_other_than_the_updated_state_are_unmodified():
-    x, act, values, index, dy = _problem(16, 300, 9, 7, 0.5, seed=3)
+    x, act, values, index, dy = sparse_problem(16, 300, 9, 7, 0.5, seed=3)
     before = [t.clone() for t in (x, act, dy, *index)]
     _kernel_steps((x, act, values, index, dy), False, 1)
     for a, b in zip(before, (x, act, dy, *index), strict=True):
@@ -106,7 +106,7 @@ def test_inputs_other_than_the_updated_state_are_unmodified():
     (lambda a: a.update(dy=a["dy"][:, 1:]), "dy must be"),
 ])
 def test_bad_arguments_raise_naming_them_and_change_nothing(change, match):
-    x, act, values, index, dy = _problem(16, 30, 9, 7, 0.5, seed=5)
+    x, act, values, index, dy = sparse_problem(16, 30, 9, 7, 0.5, seed=5)
     args = {"x": x, "act": act, "values": values, "dy": dy, "m": torch.zeros_like(values),
             "v": torch.zeros_like(values), "step": 1.0, "lr": 1e-2, "beta2": 0.999}
     change(args)
@@ -119,7 +119,7 @@ def test_bad_arguments_raise_naming_them_and_change_nothing(change, match):
 
 
 def test_a_corrupt_index_raises():
-    x, act, values, index, dy = _problem(16, 30, 9, 7, 0.5, seed=6)
+    x, act, values, index, dy = sparse_problem(16, 30, 9, 7, 0.5, seed=6)
     index = [t.clone() for t in index]
     index[0][3] = 10_000  # an input out of range
     with pytest.raises(RuntimeError, match="index is corrupt"):
@@ -130,7 +130,7 @@ def test_a_corrupt_index_raises():
 
 
 def test_opcheck():
-    x, act, values, index, dy = _problem(13, 30, 9, 7, 0.5, seed=7)
+    x, act, values, index, dy = sparse_problem(13, 30, 9, 7, 0.5, seed=7)
     torch.library.opcheck(torch.ops.glai_ext.sparse_dvalues_adam.default,
                           (dy, x, act, values.clone(), index, torch.zeros_like(values),
                            torch.zeros_like(values), 1e-2, 0.9, 0.999, 0.1, 1e-8, 1.0, False))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spy_backends import spy_backend
 
 import glai_kernels
 from glai_kernels import dispatch, registry
@@ -12,21 +11,14 @@ from glai_kernels.contract import Shape
 
 
 @pytest.fixture
-def spy_backends(tmp_path, monkeypatch):
-    """Two registered backends that record their calls, removed afterwards. No dispatch
-    table is read meanwhile: these tests are of the priorities, which decide auto where
-    this machine kind has no table (correctness/test_dispatch.py tests the tables)."""
+def spy_backends(tmp_path, monkeypatch, spy_calls):
+    """Two registered backends that record their calls (correctness/conftest.py), removed
+    afterwards. No dispatch table is read meanwhile: these tests are of the priorities, which
+    decide auto where this machine kind has no table (correctness/test_dispatch.py tests the
+    tables)."""
     monkeypatch.setattr(dispatch, "TABLE_DIR", tmp_path)
     dispatch.clear_cache()
-    calls: list[str] = []
-
-
-    registry.register(spy_backend("spy_low", 1_000, calls))
-    registry.register(spy_backend("spy_high", 2_000, calls))
-    yield calls
-    registry.unregister("spy_low")
-    registry.unregister("spy_high")
-    dispatch.clear_cache()
+    return spy_calls
 
 
 def _args():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sparse import Case, check_sparse, kept_mask
+from sparse_checker import Case, check_sparse, kept_mask, sparse_problem
 
 from glai_kernels.sparse import from_dense
 from glai_kernels.sparse.backends import cpp as sparse_cpp
@@ -26,17 +26,6 @@ def isa(request, built):
         pytest.skip(str(error))
     yield request.param
     torch.ops.glai_ext.cpu_isa(previous)
-
-
-def _problem(batch, inputs, paths, outputs, mu, dtype=torch.float32, seed=0, keep=None):
-    gen = torch.Generator().manual_seed(seed)
-    case = Case((batch, inputs, paths, outputs), mu=mu, keep=keep)
-    mask = kept_mask((outputs, inputs, paths), case, seed)
-    sw = from_dense(torch.randn(outputs, inputs, paths, generator=gen).to(dtype), mask)
-    x = torch.randn(batch, inputs, generator=gen).to(dtype)
-    act = torch.rand(batch, paths, generator=gen).to(dtype)
-    dy = torch.randn(batch, outputs, generator=gen).to(dtype)
-    return x, act, sw.values.detach(), list(sw.index), dy
 
 
 def _all_results(x, act, values, index, dy):
@@ -64,7 +53,7 @@ def test_each_isa_matches_the_oracle(isa, batch, dtype):
 def test_isas_agree(built):
     """Every instruction set the CPU has gives the portable build's results within float32
     rounding (the sums run in a different order per lane count, so not the same bits)."""
-    args = _problem(33, 40, 11, 7, 0.3, seed=4)
+    args = sparse_problem(33, 40, 11, 7, 0.3, seed=4)
     previous = torch.ops.glai_ext.cpu_isa()
     results = {}
     try:
@@ -84,7 +73,7 @@ def test_isas_agree(built):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("batch", [5, 70])
 def test_thread_count_does_not_change_the_bits(parallel_always, batch, dtype):
-    args = _problem(batch, 50, 13, 9, 0.3, dtype=dtype, seed=batch)
+    args = sparse_problem(batch, 50, 13, 9, 0.3, dtype=dtype, seed=batch)
     torch.set_num_threads(1)
     one = _all_results(*args)
     torch.set_num_threads(2)
@@ -98,7 +87,7 @@ def test_dvalues_of_groups_with_every_tail_size_split_over_threads(parallel_alwa
     and 7 tasks: the one-vector form stores all four sums of a partial last four and lets
     the next group overwrite the extra ones, which must never reach another task's groups
     or leave a wrong value behind. Against the oracle, and the same bits at every split."""
-    x, act, values, index, dy = _problem(batch, 6, 40, 7, 0.6, seed=3)
+    x, act, values, index, dy = sparse_problem(batch, 6, 40, 7, 0.6, seed=3)
     sizes = torch.diff(index[1])
     assert set(range(1, 7)) <= set(sizes.tolist())
     needs = [False, False, True]
@@ -121,7 +110,7 @@ def test_dvalues_of_groups_with_every_tail_size_split_over_threads(parallel_alwa
 def test_both_forward_forms_agree(built, inputs):
     """y alone runs flat over each output's entries when groups are small (under 10 entries
     on average), else group by group as the saving forward always does."""
-    x, act, values, index, _ = _problem(19, inputs, 6, 5, 0.4, seed=inputs)
+    x, act, values, index, _ = sparse_problem(19, inputs, 6, 5, 0.4, seed=inputs)
     groups = len(index[2])
     assert (values.numel() < 10 * groups) == (inputs == 12)
     plain, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, False)
@@ -155,7 +144,7 @@ def test_the_blocked_forward_agrees_with_the_oracle(built, batch, inputs, paths,
     cursor per non-empty group, each run's end found by its own loop; an output with more
     than 1024 groups falls back to the unblocked form): the same y as the saving forward,
     and as the float64 oracle."""
-    x, act, values, index, _ = _problem(batch, inputs, paths, 2, 0.5, seed=inputs + paths)
+    x, act, values, index, _ = sparse_problem(batch, inputs, paths, 2, 0.5, seed=inputs + paths)
     if banded:
         x, act, values, index = _banded(x, act, values, index, inputs, paths)
     ld = sparse_cpp.padded_batch(batch)  # x^T is [I, ld]
@@ -180,8 +169,8 @@ def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(
     one block). Against the float64 oracle, and bit for bit against the general form at 6
     vectors (the same tree of lane sums), run on the same rows with zero dy in the padding
     rows."""
-    x, act, values, index, dy = _problem(batch, inputs, 5, 3, 0.9 if banded else 0.5,
-                                         seed=batch)
+    x, act, values, index, dy = sparse_problem(batch, inputs, 5, 3, 0.9 if banded else 0.5,
+                                               seed=batch)
     if banded:
         x, act, values, index = _banded(x, act, values, index, inputs, 5, outputs=3)
     assert values.numel() >= 60 * len(index[2])
@@ -205,7 +194,7 @@ def test_dvalues_of_large_groups_match_the_oracle_and_the_wide_form_bit_for_bit(
 
 
 def test_half_inputs_keep_zg_in_float32(built):
-    x, act, values, index, _ = _problem(6, 8, 5, 3, 0.5, dtype=torch.bfloat16)
+    x, act, values, index, _ = sparse_problem(6, 8, 5, 3, 0.5, dtype=torch.bfloat16)
     y, zg = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
     assert y.dtype == torch.bfloat16 and zg.dtype == torch.float32
     assert zg.shape == (len(index[2]), sparse_cpp.padded_batch(6))
@@ -214,7 +203,7 @@ def test_half_inputs_keep_zg_in_float32(built):
 
 @pytest.mark.parametrize("keep", [0, 1])
 def test_raw_ops_at_k_0_and_1(built, keep):
-    x, act, values, index, dy = _problem(5, 6, 4, 3, 0.0, keep=keep, dtype=torch.float64)
+    x, act, values, index, dy = sparse_problem(5, 6, 4, 3, 0.0, keep=keep, dtype=torch.float64)
     y, _ = torch.ops.glai_ext.sparse_forward(x, act, values, index, True)
     dx, dact, dv = torch.ops.glai_ext.sparse_backward(dy, x, act, values, index,
                                                       x.new_empty(0), [True, True, True])
@@ -242,7 +231,7 @@ def test_output_without_kept_path_is_zero(built):
 # ---- raw-op errors -----------------------------------------------------------------------
 
 def _good_args():
-    x, act, values, index, dy = _problem(4, 6, 5, 3, 0.5, seed=1)
+    x, act, values, index, dy = sparse_problem(4, 6, 5, 3, 0.5, seed=1)
     return x, act, values, index, dy
 
 
@@ -345,14 +334,14 @@ def test_raw_backward_rejects_bad_dy_and_saved(built):
 @pytest.mark.parametrize("save", [False, True], ids=["plain", "saving"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_opcheck_sparse_forward(built, save, dtype):
-    x, act, values, index, _ = _problem(5, 7, 4, 3, 0.5, dtype=dtype)
+    x, act, values, index, _ = sparse_problem(5, 7, 4, 3, 0.5, dtype=dtype)
     torch.library.opcheck(torch.ops.glai_ext.sparse_forward.default,
                           (x, act, values, index, save))
 
 
 @pytest.mark.parametrize("with_saved", [False, True], ids=["recompute", "saved"])
 def test_opcheck_sparse_backward(built, with_saved):
-    x, act, values, index, dy = _problem(5, 7, 4, 3, 0.5)
+    x, act, values, index, dy = sparse_problem(5, 7, 4, 3, 0.5)
     saved = (torch.ops.glai_ext.sparse_forward(x, act, values, index, True)[1] if with_saved
              else x.new_empty(0))
     for needs in ((True, True, True), (False, True, False), (True, False, True)):

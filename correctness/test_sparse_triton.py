@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sparse import Case, check_sparse, kept_mask
+from sparse_checker import Case, check_sparse, kept_mask
 
 from glai_kernels.registry import Backend
 from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
