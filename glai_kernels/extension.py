@@ -30,6 +30,7 @@ def load() -> Build:
         register_fakes()
     return result
 
+
 # ---- the ops as torch sees them --------------------------------------------------------------
 
 def run_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
