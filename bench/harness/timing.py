@@ -11,7 +11,9 @@ CUDA: `triton.testing.do_bench` (CUDA events per call, the L2 cache flushed befo
 writing a buffer larger than it; the callers also rotate several input sets), or, without
 triton, the same done here with CUDA events.
 
-`time_calls` picks the one for the device; `warm` is the warm-up before either.
+`time_calls` picks the one for the device; `warm` is the warm-up before either. The CPU timer
+also serves the one-off studies (bench/studies/): a clock of their choice (the thread's CPU
+time instead of the wall clock) and a thread count per function.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -102,26 +105,47 @@ def block_size(per_call_s: float, min_time_s: float, rounds: int) -> int:
 SINGLE_CALL_S = 0.05
 
 
-def _one_call(fn: Callable[[], object]) -> float:
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch at `n` threads inside (as torch.utils.benchmark's Timer sets them per block)."""
+    previous = torch.get_num_threads()
+    if n == previous:  # the common case: no pool resize
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _one_call(fn: Callable[[], object], clock: Callable[[], float], threads: int) -> float:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
+        with _threads(threads):
+            start = clock()
+            fn()
+            return clock() - start
     finally:
         if enabled:
             gc.enable()
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], per_call_s: dict[str, float],
-                     min_time_s: float, rounds: int) -> dict[str, Timing]:
+                     min_time_s: float, rounds: int,
+                     clock: Callable[[], float] = time.perf_counter,
+                     threads: Mapping[str, int] | None = None) -> dict[str, Timing]:
     """Time every fn (already warmed up) in interleaved rounds on the CPU.
 
-    `per_call_s` is each fn's warm-up time, which sizes its blocks.
+    `per_call_s` is each fn's warm-up time, which sizes its blocks. `clock` reads the time
+    (`time.thread_time`: this thread's CPU time, which leaves out the time the process waits
+    for a core on a shared machine, and the other threads' work). `threads` gives a fn its own
+    torch thread count while it runs (default: every fn at the current count), so thread
+    counts can take turns inside each round too.
     """
-    threads = torch.get_num_threads()
-    timers = {name: tb.Timer("fn()", globals={"fn": fn}, num_threads=threads)
+    count = {name: torch.get_num_threads() for name in fns} | dict(threads or {})
+    timers = {name: tb.Timer("fn()", globals={"fn": fn}, timer=clock, num_threads=count[name])
               for name, fn in fns.items()}
     number = {name: block_size(per_call_s[name], min_time_s, rounds) for name in fns}
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -131,7 +155,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], per_call_s: dict[str,
         for name in order[r % len(order):] + order[:r % len(order)]:
             start = time.perf_counter()
             if number[name] == 1 and per_call_s[name] >= SINGLE_CALL_S:
-                samples[name].append(_one_call(fns[name]))
+                samples[name].append(_one_call(fns[name], clock, count[name]))
             else:
                 samples[name].append(timers[name].timeit(number[name]).median)
             spent[name] += time.perf_counter() - start
