@@ -34,7 +34,9 @@ from bench.harness.sweeps import ALL_PASSES, PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# command -> (module whose main(argv) runs it, what it does); "run" is this module's
+# command -> (module whose main(argv) runs it, what it does); "run" is this module's. The
+# studies (bench/studies/) are one-off measurements behind a decision recorded in NOTES.md,
+# kept runnable so the decision can be checked again.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("bench.__main__", "the kernel suite, then the GLAI pipeline (the default command)"),
     "pipeline": ("bench.pipeline.__main__", "the GLAI pipeline alone (the paper's tables)"),
@@ -50,6 +52,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cpu-targets": ("bench.studies.cpu_targets", "the C++ extension's CPU targets, in one run"),
     "kernel-peak": ("bench.studies.kernel_peak",
                     "each cpp kernel's share of the FMA peak beside it"),
+    "dispatch-overhead": ("bench.studies.dispatch_overhead",
+                          "what auto's dispatch table adds to a call, in microseconds"),
+    "sparse-cpp-timing": ("bench.studies.sparse_cpp_timing",
+                          "the sparse cpp kernels against dense cpp and their bytes floors"),
+    "sparse-crossover": ("bench.studies.sparse_crossover",
+                         "a pruned head's training step, dense against sparse layout, across μ"),
+    "sparse-torch-candidates": ("bench.studies.sparse_torch_candidates",
+                                "the pure-PyTorch candidates for the sparse torch backend"),
+    "sparse-train-step": ("bench.studies.sparse_train_step",
+                          "a GLAI training step on sparse cpp against the MLP's, per head"),
     "check-cuda": ("bench.tools.check_cuda",
                    "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
     "check-headers": ("bench.tools.check_headers",

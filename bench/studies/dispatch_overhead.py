@@ -1,4 +1,5 @@
-"""What auto's dispatch table adds to a call: `python -m bench.studies.dispatch_overhead`.
+"""What auto's dispatch table adds to a call: `glai-bench dispatch-overhead` (or
+`python -m bench.studies.dispatch_overhead`).
 
 Times `registry.resolve` as the op calls it for auto, with the call's key (`op.auto_call`)
 against without it (the priorities alone), at A1, B = 16, float32, weight needing a
@@ -10,6 +11,7 @@ on all of them alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import timeit
@@ -68,6 +70,8 @@ def measure() -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="glai-bench dispatch-overhead",
+                            description=__doc__.splitlines()[0]).parse_args(argv)
     for setting, t in measure().items():
         print(f"{setting}: priorities {t['priorities']:.2f} us, auto with the call's key "
               f"{t['auto']:.2f} us, added {t['added']:+.2f} us per call")

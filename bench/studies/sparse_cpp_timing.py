@@ -2,18 +2,20 @@
 kernel, with each kernel's share of its bytes floor (bench/NOTES.md, "Sparse kept-path
 estimator", the `cpp` subsection, has the prediction and the result).
 
-    python -m bench.studies.sparse_cpp_timing [--repeats 9] [--batches 16] [--mu 0.01]
-                                              [--shapes B1 B2] [--threads N] [--cpu-time]
+    glai-bench sparse-cpp-timing [--repeats 9] [--batches 16] [--mu 0.01] [--shapes B1 B2]
+                                 [--threads N] [--cpu-time]
+    (or `python -m bench.studies.sparse_cpp_timing ...`)
 
 Per shape and batch (float32, weights random, the mask uniformly random at μ), all in one
-run with the repeats interleaved across the candidates so a slow spell of the shared machine
-hits all of them alike:
+run, timed by the suite's CPU timer (`bench.harness.timing.time_interleaved`: the repeats are
+its rounds, interleaved across the candidates, so a slow spell of the shared machine hits
+all of them alike):
   dense cpp fwd     glai_kernels.estimator(x, act, weight * mask, backend="cpp"), no grad
   sparse cpp fwd    glai_kernels.sparse.estimator(x, act, sw, backend="cpp"), no grad
   sparse torch fwd  the same with backend="torch"
   op forward / forward+Zg / dvalues / dx / dact   the raw glai_ext ops, one kernel each
-Each sample is the mean of enough calls to last ≥ 20 ms; the report gives the minimum over
-the repeats (the least disturbed) and the spread (median / minimum).
+Each sample is one block of calls lasting about 20 ms; the report gives the minimum over the
+repeats (the least disturbed) and the spread (median / minimum).
 
 Bytes floor of a kernel: the bytes it must read or write at least once (values, index
 arrays, x^T, act^T, dy^T, Zg, results), timed as a plain `sum` over a float32 buffer of that
@@ -23,7 +25,6 @@ many bytes in the same run (so cache residency is alike); share = floor time / k
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ import torch
 
 import glai_kernels
 import glai_kernels.sparse as sparse
+from bench.harness.timing import time_interleaved, warm
 from glai_kernels import extension
 from glai_kernels.sparse.backends import cpp as sparse_cpp
 
@@ -39,20 +41,9 @@ SHAPES = {  # name: (I, P, O), the paper heads' estimator shapes
     "B1": (1281, 320, 128),
     "B2": (769, 384, 128),
 }
-
-
-CLOCK = time.perf_counter
-
-
-def _time_once(fn: Callable[[], object], min_seconds: float = 0.02) -> float:
-    """Seconds per call: the mean over enough calls to last `min_seconds` on CLOCK."""
-    calls, start = 0, CLOCK()
-    while True:
-        fn()
-        calls += 1
-        elapsed = CLOCK() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
+# seconds of calls per sample (one timing block)
+SAMPLE_S = 0.02
+CPU = torch.device("cpu")
 
 
 def _reader(nbytes: int) -> Callable[[], object]:
@@ -106,23 +97,23 @@ def cases(shape: tuple[int, int, int], batch: int, mu: float, seed: int = 0):
     return candidates, floors, (k, g)
 
 
-def run(shapes: list[str], batches: list[int], mu: float, repeats: int) -> None:
-    clock = "thread CPU time" if CLOCK is time.thread_time else "wall clock"
+def run(shapes: list[str], batches: list[int], mu: float, repeats: int,
+        clock: Callable[[], float] = time.perf_counter) -> None:
+    """Print the table: per shape and batch, each candidate's time and each kernel's share of
+    its bytes floor, on `clock` (time.perf_counter or time.thread_time)."""
+    what = "thread CPU time" if clock is time.thread_time else "wall clock"
     print(f"threads {torch.get_num_threads()}, isa {torch.ops.glai_ext.cpu_isa()}, "
-          f"μ = {mu:g}, float32, {repeats} interleaved repeats, {clock}; min (median/min)")
+          f"μ = {mu:g}, float32, {repeats} interleaved repeats, {what}; min (median/min)")
     for name in shapes:
         for batch in batches:
             candidates, floors, (k, g) = cases(SHAPES[name], batch, mu)
             timed = {**candidates,
                      **{f"read {kernel}": _reader(nbytes) for kernel, nbytes in floors.items()}}
-            for fn in timed.values():
-                fn()  # warm up: first touches, caches
-            samples: dict[str, list[float]] = {label: [] for label in timed}
-            for _ in range(repeats):
-                for label, fn in timed.items():
-                    samples[label].append(_time_once(fn))
-            best = {label: min(s) for label, s in samples.items()}
-            spread = {label: statistics.median(s) / min(s) for label, s in samples.items()}
+            # warm-up (first touches, caches); its median call time sizes the blocks
+            warm_s = {label: warm(fn, CPU)[1] for label, fn in timed.items()}
+            timings = time_interleaved(timed, warm_s, SAMPLE_S * repeats, repeats, clock=clock)
+            best = {label: t.min_s for label, t in timings.items()}
+            spread = {label: t.median_s / t.min_s for label, t in timings.items()}
             print(f"\n{name} (I, P, O = {SHAPES[name]}), B = {batch}: K = {k}, G = {g}")
             for label in candidates:
                 extra = ""
@@ -136,8 +127,9 @@ def run(shapes: list[str], batches: list[int], mu: float, repeats: int) -> None:
                   f"sparse cpp fwd = {best['sparse torch fwd'] / best['sparse cpp fwd']:.1f}x")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-cpp-timing",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--batches", type=int, nargs="+", default=[16])
     parser.add_argument("--mu", type=float, default=0.01)
@@ -148,19 +140,18 @@ def main() -> None:
                         help="time on this thread's CPU clock (time.thread_time) instead of the "
                              "wall clock: one thread only; leaves out the time the process "
                              "waits for a core on a shared machine")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.cpu_time:
-        if torch.get_num_threads() != 1:
-            raise SystemExit("--cpu-time counts this thread only: use it with --threads 1")
-        global CLOCK
-        CLOCK = time.thread_time
+    if args.cpu_time and torch.get_num_threads() != 1:
+        raise SystemExit("--cpu-time counts this thread only: use it with --threads 1")
     error = extension.cpu_availability("cpu")
     if error is not None:
         raise SystemExit(f"the cpp sparse backend is unavailable: {error}")
-    run(args.shapes, args.batches, args.mu, args.repeats)
+    run(args.shapes, args.batches, args.mu, args.repeats,
+        time.thread_time if args.cpu_time else time.perf_counter)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

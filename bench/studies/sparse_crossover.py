@@ -2,7 +2,8 @@
 fraction μ, to place `glai_kernels.glai.prune.SPARSE_CROSSOVER` (bench/NOTES.md, "Sparse
 kept-path estimator", has the result).
 
-    python -m bench.studies.sparse_crossover [--heads A1 B1] [--mus 1 3 10 25 50] [--batch 16]
+    glai-bench sparse-crossover [--heads A1 B1] [--mus 1 3 10 25 50] [--batch 16]
+    (or `python -m bench.studies.sparse_crossover ...`)
 
 A step is what training a pruned head costs: head forward (frozen selector + estimator),
 backward (gradients to the path weights and the bias only; x and act need none), Adam step
@@ -36,13 +37,14 @@ def step_time(head, x: torch.Tensor, repeats: int) -> list[float]:
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-crossover",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--heads", nargs="+", default=["A1", "B1"])
     parser.add_argument("--mus", type=float, nargs="+", default=[1, 3, 10, 25, 50])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B = {args.batch}")
     for name in args.heads:
         spec = PAPER_HEADS[name]
@@ -66,6 +68,7 @@ def main() -> None:
                   f"sparse({heads['sparse'].backend_used}) {1e3 * best['sparse']:8.2f} ms  "
                   f"dense/sparse {ratio:5.2f}")
 
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

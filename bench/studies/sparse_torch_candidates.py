@@ -1,7 +1,8 @@
 """Time the pure-PyTorch candidates for the sparse kept-path estimator (the `torch` sparse
 backend keeps the fastest; bench/NOTES.md, "Sparse kept-path estimator", has the result).
 
-    python -m bench.studies.sparse_torch_candidates [--repeats 5] [--batches 16 256]
+    glai-bench sparse-torch-candidates [--repeats 5] [--batches 16 256]
+    (or `python -m bench.studies.sparse_torch_candidates ...`)
 
 Candidates, all in the transposed [rows, B] form (a kept entry then reads B contiguous
 values of x), accumulating in float32 for half inputs:
@@ -101,11 +102,12 @@ CANDIDATES = {
 SHAPES = {"B1": (1281, 320, 128, 0.0086), "A1": (385, 128, 37, 0.03)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-torch-candidates",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 256])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name, (inputs, paths, outputs, mu) in SHAPES.items():
         gen = torch.Generator().manual_seed(0)
@@ -133,6 +135,7 @@ def main() -> None:
                                   for c, t in times.items())
                 print(f"{name} K={sw.nnz} G={sw.index.groups} B={batch:3d} {pass_:8s} {cells}")
 
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,7 +3,8 @@ per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP
 NOTES.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
 (issue 13 target), second pass", have predictions and results).
 
-    python -m bench.studies.sparse_train_step [--heads A1 ... C2] [--threads 1 [2]] [--repeats 7]
+    glai-bench sparse-train-step [--heads A1 ... C2] [--threads 1 [2]] [--repeats 7]
+    (or `python -m bench.studies.sparse_train_step ...`)
 
 Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
   MLP step   the original MLP (n0 -> n1 -> n2, no dropout): forward, a squared-error loss,
@@ -20,12 +21,14 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              same head.
   GLAI fused, torch Adam   the same with `kernel_adam=False` (torch's `_fused_adam_`: the
              ordinary step's arithmetic bit for bit), on another copy.
-Each sample is the mean of enough steps to last ≥ 20 ms; the two steps are interleaved and
+Timed by the suite's CPU timer (`bench.harness.timing.time_interleaved`): each sample is one
+block of steps lasting about 20 ms, the repeats are its rounds with the steps interleaved, and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
 with more than one thread it leaves out the other threads' work: read the wall clock then)
-and on the wall clock. With several thread counts (`--threads 1 2`) the counts take turns
-inside each repeat too, and a last line per head compares each step at its own best thread
-count (wall clock): what a user who picks the thread count per model gets.
+and on the wall clock (one interleaved timing per clock, the CPU clock's first). With several
+thread counts (`--threads 1 2`) the counts take turns inside each repeat too, and a last line
+per head compares each step at its own best thread count (wall clock): what a user who picks
+the thread count per model gets.
 """
 
 from __future__ import annotations
@@ -37,21 +40,15 @@ from collections.abc import Callable
 
 import torch
 
+from bench.harness.timing import time_interleaved, warm
 from glai_kernels.glai import make_optimizer, match, paper_training, prune
 from glai_kernels.glai.fused_step import FusedSparseStep
 from glai_kernels.glai.mlp import make_mlp
 from glai_kernels.paper_heads import PAPER_HEADS
 
-
-def _mean_step(step: Callable[[], None], clock: Callable[[], float],
-               min_seconds: float = 0.02) -> float:
-    calls, start = 0, clock()
-    while True:
-        step()
-        calls += 1
-        elapsed = clock() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
+# seconds of steps per sample (one timing block)
+SAMPLE_S = 0.02
+CPU = torch.device("cpu")
 
 
 def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
@@ -99,8 +96,28 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None
     return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats: int,
+               clock: Callable[[], float]) -> dict[tuple[str, int], float]:
+    """{(step name, thread count): the fastest sample's seconds per step} on `clock`, every
+    step at every thread count interleaved in each of `repeats` rounds."""
+    label = {(name, n): f"{name} @{n}" for name in steps for n in threads}
+    fns = {text: steps[name] for (name, _), text in label.items()}
+    previous, per_call = torch.get_num_threads(), {}
+    try:
+        for (name, n), text in label.items():
+            # warm-up: extension, optimizer state, the thread pools; its median sizes the blocks
+            torch.set_num_threads(n)
+            per_call[text] = warm(steps[name], CPU)[1]
+    finally:
+        torch.set_num_threads(previous)
+    timings = time_interleaved(fns, per_call, SAMPLE_S * repeats, repeats, clock=clock,
+                               threads={text: n for (_, n), text in label.items()})
+    return {key: timings[text].min_s for key, text in label.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-train-step",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS))
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=7)
@@ -108,25 +125,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int,
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
           f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step")
     clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
     for name in args.heads:
         steps, what = head_steps(name, args.backend, args.batch)
-        best = {(model, n, c): float("inf")
-                for model in steps for n in args.threads for c in clocks}
-        for n in args.threads:
-            torch.set_num_threads(n)
-            for step in steps.values():
-                step()  # warm up: extension, optimizer state, the thread pools
-        for _ in range(args.repeats):
-            for n in args.threads:
-                torch.set_num_threads(n)
-                for c, clock in clocks.items():
-                    for model, step in steps.items():
-                        best[model, n, c] = min(best[model, n, c], _mean_step(step, clock))
+        best = {(model, n, c): seconds for c, clock in clocks.items()
+                for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
+                                                      clock).items()}
         for n in args.threads:
             cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps}) for c in clocks)
             print(f"{name} ({what}, {n} thread{'s' if n > 1 else ''})  {cells}", flush=True)
@@ -136,6 +144,7 @@ def main() -> None:
                   f"ms ({wall['MLP'][1]}), GLAI fused {1e3 * wall['GLAI fused'][0]:.3f} ms "
                   f"({wall['GLAI fused'][1]}): "
                   f"{wall['GLAI fused'][0] / wall['MLP'][0]:.2f}x", flush=True)
+    return 0
 
 
 def _cells(clock: str, best: dict[str, float]) -> str:
@@ -147,4 +156,4 @@ def _cells(clock: str, best: dict[str, float]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
