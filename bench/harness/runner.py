@@ -4,10 +4,12 @@ For each distinct (shape, dtype) of the preset, in order:
 1. skip what cannot run: a pass whose roofline floor exceeds the preset's per-call limit,
    inputs + float64 oracle that do not fit in free memory, a backend whose estimated
    memory does not fit or that does not take the dtype (each a `skipped` row with a note);
-2. per pass and backend: a first call whose outputs are checked against the float64 oracle
-   (`correct`, `error_ratio`), a second call (too slow to time: skipped), warm-up calls
-   (which also size the timing blocks), one call under the memory meter;
-3. time all backends of the pass together (`bench.harness.timing`), then the energy (NVIDIA only).
+2. per pass and backend (`bench.harness.calls`): a first call whose outputs are checked
+   against the float64 oracle (`correct`, `error_ratio`), a second call (too slow to time:
+   skipped), warm-up calls (which also size the timing blocks), one call under the memory
+   meter;
+3. time all backends of the pass together (`bench.harness.timing`), then the energy (NVIDIA
+   only).
 A shape that belongs to several sweeps is measured once and reported under each.
 """
 

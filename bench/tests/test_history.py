@@ -147,7 +147,7 @@ def test_a_writer_killed_midway_leaves_the_history_intact(tmp_path):
     kept = history.append(results(), tmp_path)
     script = textwrap.dedent(f"""
         import os, signal
-        from bench import history
+        from bench.reporting import history
         from bench.tests.test_history import results
         os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
         history.append(results(commit="c" * 40), history.Path({str(tmp_path)!r}))

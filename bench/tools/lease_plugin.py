@@ -1,5 +1,6 @@
 """A pytest plugin for running the tests inside a short lease of a GPU machine
-(bench/on_gpu.sh): the run ends by itself in time, and what failed is on disk as it fails.
+(bench/tools/on_gpu.sh): the run ends by itself in time, and what failed is on disk as it
+fails.
 
 Two environment variables, both off by default (the root conftest.py loads this plugin for
 every run, so they reach xdist's workers too):
