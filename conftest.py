@@ -2,9 +2,9 @@
 invocation (`pytest`, `pytest bench correctness`, `pytest correctness/test_triton.py`).
 
 Triton's interpreter must be chosen before any `@triton.jit` function is defined, that is
-before glai_kernels is imported (bench/conftest.py imports it through bench.provenance); so
-on a machine without CUDA this file turns it on here, and the Triton tests run under the
-interpreter instead of skipping.
+before glai_kernels is imported (bench/tests/conftest.py imports it through
+bench.harness.provenance); so on a machine without CUDA this file turns it on here, and the
+Triton tests run under the interpreter instead of skipping.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import torch  # after the environment above, on purpose
 
 # a time budget and an on-disk failure log for runs in a short GPU lease (off unless asked)
-pytest_plugins = ["bench.lease_plugin"]
+pytest_plugins = ["bench.tools.lease_plugin"]
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -39,7 +39,7 @@ def tests(session: nox.Session) -> None:
                 "--durations=15", *session.posargs)
     # the benchmark suite's own tests, one process: some time real runs against each other
     # (the gate's planted slowdown), which a second worker would disturb
-    session.run("pytest", "bench/", "--benchmark-disable", "-q")
+    session.run("pytest", "bench/tests/", "--benchmark-disable", "-q")
 
 
 @nox.session

@@ -28,26 +28,43 @@ import sys
 import time
 from pathlib import Path
 
-from bench.energy import MIN_WINDOW_S
-from bench.passes import DTYPES
-from bench.sweeps import ALL_PASSES, PRESETS
+from bench.harness.energy import MIN_WINDOW_S
+from bench.harness.passes import DTYPES
+from bench.harness.sweeps import ALL_PASSES, PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# command -> (module whose main(argv) runs it, what it does); "run" is this module's
+# command -> (module whose main(argv) runs it, what it does); "run" is this module's. The
+# studies (bench/studies/) are one-off measurements behind a decision recorded in NOTES.md,
+# kept runnable so the decision can be checked again.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("bench.__main__", "the kernel suite, then the GLAI pipeline (the default command)"),
     "pipeline": ("bench.pipeline.__main__", "the GLAI pipeline alone (the paper's tables)"),
     "gate": ("bench.gate.cli", "the regression gate: check | accept | measure"),
-    "holdout": ("bench.gate_holdout", "the gate's false-alarm and miss rates from a baseline"),
-    "dashboard": ("bench.dashboard", "render reports/dashboard/index.html from the history"),
-    "render": ("bench.render", "redraw a finished run's charts and summary.md"),
-    "merge": ("bench.merge", "several runs of one machine kind as one report and dispatch table"),
-    "predict": ("bench.predict", "roofline predictions for A100/H100 from datasheet peaks"),
-    "cpu-targets": ("bench.cpu_targets", "the C++ extension's CPU targets, in one run"),
-    "kernel-peak": ("bench.kernel_peak", "each cpp kernel's share of the FMA peak beside it"),
-    "check-cuda": ("bench.check_cuda", "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
-    "check-headers": ("bench.check_headers",
+    "holdout": ("bench.gate.holdout", "the gate's false-alarm and miss rates from a baseline"),
+    "dashboard": ("bench.reporting.dashboard",
+                  "render reports/dashboard/index.html from the history"),
+    "render": ("bench.reporting.render", "redraw a finished run's charts and summary.md"),
+    "merge": ("bench.reporting.merge",
+              "several runs of one machine kind as one report and dispatch table"),
+    "predict": ("bench.reporting.predict",
+                "roofline predictions for A100/H100 from datasheet peaks"),
+    "cpu-targets": ("bench.studies.cpu_targets", "the C++ extension's CPU targets, in one run"),
+    "kernel-peak": ("bench.studies.kernel_peak",
+                    "each cpp kernel's share of the FMA peak beside it"),
+    "dispatch-overhead": ("bench.studies.dispatch_overhead",
+                          "what auto's dispatch table adds to a call, in microseconds"),
+    "sparse-cpp-timing": ("bench.studies.sparse_cpp_timing",
+                          "the sparse cpp kernels against dense cpp and their bytes floors"),
+    "sparse-crossover": ("bench.studies.sparse_crossover",
+                         "a pruned head's training step, dense against sparse layout, across μ"),
+    "sparse-torch-candidates": ("bench.studies.sparse_torch_candidates",
+                                "the pure-PyTorch candidates for the sparse torch backend"),
+    "sparse-train-step": ("bench.studies.sparse_train_step",
+                          "a GLAI training step on sparse cpp against the MLP's, per head"),
+    "check-cuda": ("bench.tools.check_cuda",
+                   "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
+    "check-headers": ("bench.tools.check_headers",
                       "the extension's C++ against another torch release's headers"),
 }
 
@@ -70,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", type=lambda t: [] if t.strip() == "none" else _names(t),
                    default=None,
                    help="comma-separated bench-only peers to time beside the backends "
-                        "(einsum, max-autotune; bench/peers.py), or none (default: the "
+                        "(einsum, max-autotune; bench/harness/peers.py), or none (default: the "
                         "preset's; the torch backend is always a peer)")
     p.add_argument("--install-dispatch", action="store_true",
                    help="copy the run's dispatch table for auto (written to "
@@ -139,7 +156,7 @@ def overview() -> str:
     return "\n".join(lines)
 
 
-# commands that time torch's matmuls, which bench/onednn_guard.py keeps from crashing (the
+# commands that time torch's matmuls, which bench/harness/onednn_guard.py keeps from crashing (the
 # gate's own entry point, bench/gate/cli.py, applies it for `gate` and `python -m bench.gate`)
 TIMING_COMMANDS = ("run", "kernel-peak", "cpu-targets")
 
@@ -155,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         command = "run"  # `python -m bench --preset quick`, as before the commands
     if command in TIMING_COMMANDS:
-        from bench import onednn_guard
+        from bench.harness import onednn_guard
 
         reason = onednn_guard.apply()  # before this process's first bfloat16 matmul
         if reason:
@@ -174,7 +191,7 @@ def run(argv: list[str]) -> int:
         # Triton's CPU interpreter is for the correctness suite; timing it means nothing.
         if os.environ.get("TRITON_INTERPRET"):
             print("note: TRITON_INTERPRET is set; interpreted Triton kernels are being timed")
-        from bench import suite
+        from bench.harness import suite
 
         try:
             device = suite.resolve_device(args.device)
@@ -199,12 +216,12 @@ def run(argv: list[str]) -> int:
         for path in output.files:
             print(f"  wrote {path}")
         if not args.no_history:
-            from bench import history
+            from bench.reporting import history
 
             results = json.loads((out / "results.json").read_text())
             print(f"  appended {history.append(results, args.history)}")
             if args.history == history.HISTORY_DIR:
-                from bench import dashboard
+                from bench.reporting import dashboard
 
                 # the run is recorded; a problem in the rest of the history (a bad record is
                 # skipped with a warning, a foreign file is an error) must not stop the suite

@@ -129,7 +129,7 @@ def test_call_mode():
 def test_machine_kind_extends_the_gates():
     # the gate's baselines are kept per "cpu-<N>core-<vendor family model>"; a dispatch table
     # adds the instruction set and the thread bucket
-    from bench import provenance
+    from bench.harness import provenance
     from bench.gate.store import machine_kind
 
     gate = machine_kind(provenance.collect(torch.device("cpu")))

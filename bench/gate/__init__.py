@@ -8,8 +8,8 @@ wanders far less between runs than the median: bench/NOTES.md, 'Regression gate'
   op) over the backend's, timed in the same run (not gated for the oracle itself, where it is
   1 by definition);
 - `roofline_best_pct`: the roofline floor (the same run's physical ceilings: the native FMA
-  peak and the triad/copy bandwidth, bench/ceilings.py; docs/ARCHITECTURE.md §2's minimum FLOP
-  and byte counts) over the backend's time, in percent.
+  peak and the triad/copy bandwidth, bench/harness/ceilings.py; docs/ARCHITECTURE.md §2's
+  minimum FLOP and byte counts) over the backend's time, in percent.
 
 A baseline (`reports/baseline/<machine>.json`) is built from N runs of unchanged code: for every
 measurement the median of each ratio over the runs and the largest deviation of a single run
@@ -45,9 +45,11 @@ The package, by job:
 - `store`: building, writing and reading the baseline files;
 - `reporting`: the Markdown report and a new baseline's spread summary;
 - `measuring`: a run here or in a fresh process, and `check`'s re-measure policy;
-- `cli`: `python -m bench.gate check|accept|measure` (also `glai-bench gate ...`).
-
-Planted slowdowns (`--plant`) are `bench.planted`'s.
+- `cli`: `python -m bench.gate check|accept|measure` (also `glai-bench gate ...`);
+- `planted`: a deliberately slowed backend (`--plant`), which proves the gate catches a
+  slowdown (here, not in the harness: only the gate and its tests plant one);
+- `holdout`: the gate's false-alarm and miss rates, replayed from a baseline's runs
+  (`glai-bench holdout`; here, not with the CI tools: it judges the gate's statistics).
 """
 
 from bench.gate.measuring import CPU_THREADS, check, measure, measure_fresh, save_run

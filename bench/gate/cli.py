@@ -9,9 +9,9 @@ from pathlib import Path
 
 import bench.gate
 from bench.gate.measuring import check, measure, measure_fresh, save_run
+from bench.gate.planted import from_spec
 from bench.gate.reporting import spread_summary
 from bench.gate.store import BASELINE_DIR, accept
-from bench.planted import from_spec
 
 
 def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
     args = parser(prog).parse_args(argv)
-    from bench import onednn_guard
+    from bench.harness import onednn_guard
 
     reason = onednn_guard.apply()  # `python -m bench.gate` is a timing entry point of its own
     if reason:

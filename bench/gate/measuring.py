@@ -9,11 +9,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.gate.planted import from_spec
 from bench.gate.reporting import report
 from bench.gate.stats import best_of, compare, compare_ratios
 from bench.gate.store import BASELINE_DIR, ROOT, load_baseline, machine_kind
-from bench.history import write_atomic
-from bench.planted import from_spec
+from bench.reporting.history import write_atomic
 
 # torch CPU threads the gate times with (bench/gate/__init__.py says why)
 CPU_THREADS = 1
@@ -21,13 +21,13 @@ CPU_THREADS = 1
 
 def measure(preset="quick", *, device: str | None = None, log=print,
             threads: int | None = None, **options) -> dict:
-    """One run of `preset` (a name or a `bench.sweeps.Preset`; kernel suite, no plots) as the
-    results.json dict it would write; on a CPU with `threads` (default `CPU_THREADS`);
-    `options` go to `bench.suite.run` (e.g. backends)."""
+    """One run of `preset` (a name or a `bench.harness.sweeps.Preset`; kernel suite, no plots)
+    as the results.json dict it would write; on a CPU with `threads` (default `CPU_THREADS`);
+    `options` go to `bench.harness.suite.run` (e.g. backends)."""
     import torch
 
-    from bench import suite
-    from bench.provenance import ROW_FIELDS
+    from bench.harness import suite
+    from bench.harness.provenance import ROW_FIELDS
 
     if threads is None and suite.resolve_device(device).type == "cpu":
         threads = CPU_THREADS
@@ -72,7 +72,7 @@ def check(results: dict | None = None, *, baseline_dir: Path = BASELINE_DIR,
     """Measure (unless `results` is given) and compare; on a failure measure up to `confirm`
     more times and judge the best of all runs. `fresh` runs each measurement in its own
     process (`plant` then slows a backend there); otherwise here, with `options` going to
-    `bench.suite.run`. Returns (passed, report)."""
+    `bench.harness.suite.run`. Returns (passed, report)."""
     def measure_once() -> dict:
         if fresh:
             return measure_fresh(getattr(preset, "name", preset), device=device, plant=plant)

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from bench.gate.stats import Comparison
-from bench.history import slug
+from bench.reporting.history import slug
 
 
 def _pct(log: float) -> str:

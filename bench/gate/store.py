@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from bench.gate.stats import ratios, thresholds_from
-from bench.history import machine_kind, slug, write_atomic
+from bench.reporting.history import machine_kind, slug, write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = ROOT / "reports" / "baseline"

@@ -1,0 +1,184 @@
+"""The kernel suite end to end: backends, ceilings, every case, then the report files.
+
+    run(preset="default", device="cpu", out_dir=Path("reports/bench/cpu"))
+    -> RunOutput with the table and the paths written
+
+Writes into `out_dir`: results.csv, results.json, summary.md and plots/*.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from bench.harness import ceilings as ceilings_mod
+from bench.harness import kept, memory, peers, provenance, results
+from bench.harness.energy import MIN_WINDOW_S, EnergyMeter
+from bench.harness.passes import dtype_of
+from bench.harness.runner import Context, cases_for, past, run_cases, select_backends
+from bench.harness.sweeps import PRESETS, Preset
+from glai_kernels import registry
+from glai_kernels.sparse import SPARSE_ESTIMATOR
+
+
+@dataclass
+class RunOutput:
+    table: pd.DataFrame
+    meta: dict
+    files: list[Path] = field(default_factory=list)
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`cuda` when present and not told otherwise; asking for an absent CUDA is an error."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here (torch.cuda.is_available() is "
+                         "False)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {name!r}")
+    return device
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def run(preset: str | Preset = "default", *, device: str | None = None,
+        backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
+        passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
+        batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
+        rounds: int | None = None,
+        min_time_s: float | None = None, max_call_s: float | None = None,
+        out_dir: Path | None = None,
+        plots: bool = True, progress: bool = True, seed: int = 0,
+        threads: int | None = None, command: str | None = None,
+        peer_names: Sequence[str] | None = None, install_dispatch: bool = False,
+        time_limit_s: float | None = None, energy_window_s: float = MIN_WINDOW_S,
+        log: Callable[[str], None] = print) -> RunOutput:
+    """Run the kernel suite; write its files to `out_dir` when given.
+
+    `backends` may name the sparse op's as "sparse:NAME" (the kept-fraction sweep runs every
+    available one unless some are named); `heads`/`batches`/`sweeps` keep only those cases
+    of the preset; `rounds`/`min_time_s`/`max_call_s` override its timing and its per-call
+    limit; `threads` sets torch's CPU threads (default: torch's choice, all cores);
+    `peer_names` the bench-only peers to time beside the backends (bench/harness/peers.py; default:
+    the preset's). With `out_dir`, the run's dispatch table for `auto` is written to
+    out_dir/dispatch/ (bench/harness/dispatch_table.py) and, with `install_dispatch`, copied into
+    glai_kernels/dispatch/, which the package ships. `time_limit_s` bounds the cases'
+    measurement (shapes not reached are written as skipped, so a run on a short GPU lease
+    still writes its reports); `energy_window_s` is each NVML energy reading's window (0:
+    none).
+    """
+    started = time.perf_counter()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if rounds is not None:
+        preset = dataclasses.replace(preset, rounds=rounds)
+    if min_time_s is not None:
+        preset = dataclasses.replace(preset, min_time_s=min_time_s)
+    if max_call_s is not None:
+        preset = dataclasses.replace(preset, max_call_s=max_call_s)
+    dev = resolve_device(device)
+    cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
+    # "sparse:NAME" names a backend of the sparse op, for the kept-fraction sweep
+    sparse_requested = [b.removeprefix(kept.SPARSE_PREFIX) for b in backends or ()
+                        if b.startswith(kept.SPARSE_PREFIX)]
+    for name in sparse_requested:
+        SPARSE_ESTIMATOR.get(name)  # an unknown name raises, listing the registered ones
+    dense_requested = [b for b in backends or () if not b.startswith(kept.SPARSE_PREFIX)]
+    names, unavailable = select_backends(dense_requested or None, dev, log)
+    sparse_names: list[str] = []
+    if any(c.mu is not None for c in cases):
+        kept_dtype = dtype_of(next(c.dtype for c in cases if c.mu is not None))
+        sparse_names, sparse_unavailable = kept.sparse_backends(dev, kept_dtype,
+                                                                sparse_requested or None)
+        unavailable.update(sparse_unavailable)
+    peer_run, peer_unavailable = peers.select(
+        preset.peers if peer_names is None else peer_names, dev, log)
+    unavailable.update(peer_unavailable)
+    info = provenance.collect(dev)
+    if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
+        hint = "; --threads 1 suffers least from it" if torch.get_num_threads() > 1 else ""
+        log(f"note: load average {info['load_average']} on {info['cpu_count']} cores: other "
+            f"work shares this CPU, so timings will be noisy (ratios less so{hint})")
+    run_dtypes = tuple(dict.fromkeys(c.dtype for c in cases))
+    log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
+        f"{len(cases)} cases, backends {', '.join(names)}"
+        + (f", peers {', '.join(peer_run)}" if peer_run else "") + "; measuring ceilings")
+    ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
+    meter = EnergyMeter(dev, energy_window_s)
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
+                  sparse_backends=sparse_requested or None, peers=peer_run, deadline=deadline)
+    rows = run_cases(ctx, cases, progress=progress)
+    if past(deadline):
+        log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by then "
+            "are in the results as skipped")
+    log("measuring the ceilings again")
+    ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
+    info["load_average_end"] = provenance.load_average()
+    table = results.table(rows, ceilings, info)
+    meta = {
+        "command": command or f"python -m bench --preset {preset.name}",
+        "provenance": info,
+        "preset": {"name": preset.name, "description": preset.description,
+                   "min_time_s": preset.min_time_s, "rounds": preset.rounds,
+                   "max_call_s": preset.max_call_s,
+                   "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
+                                                                 for p in c.passes})},
+        "backends": [*names, *peer_run, *map(kept.sparse_label, sparse_names)],
+        # what each backend's ratio to the best peer (results.PEER_COLUMN) is over
+        "peers": [*(b for b in peers.BACKEND_PEERS if b in names), *peer_run],
+        # what speedup_vs_baseline and speedup_best are over
+        "baseline": registry.baseline().name,
+        "unavailable": unavailable,
+        "ceilings": ceilings.as_dict(),
+        "memory_method": memory.MEMORY_METHOD[dev.type],
+        "energy": meter.describe(),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    output = RunOutput(table, meta)
+    if out_dir is not None:
+        output.files.extend(write_reports(table, meta, out_dir, install_dispatch, plots))
+        meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    return output
+
+
+def write_reports(table: pd.DataFrame, meta: dict, out_dir: Path, install_dispatch: bool = False,
+                  plots: bool = True, kind: str | None = None) -> list[Path]:
+    """A run's files in `out_dir`: its dispatch table (for machine kind `kind`, this machine's
+    by default; copied into glai_kernels/dispatch/ with `install_dispatch`), results.csv and
+    .json, plots/ and summary.md. Records the table's evaluation in meta["dispatch"]."""
+    from bench.harness import dispatch_table
+    from bench.reporting import summary
+
+    written: list[Path] = []
+    built = dispatch_table.build(table, meta, kind)
+    if built is not None:
+        dispatch, evaluation = built
+        path = dispatch_table.write(dispatch, out_dir)
+        meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
+        written.append(path)
+        if install_dispatch:
+            installed = dispatch_table.install(path)
+            meta["dispatch"]["installed"] = str(installed.relative_to(installed.parents[2]))
+            written.append(installed)
+    written.extend(results.write(table, out_dir, meta))
+    if plots:
+        from bench.reporting import plots as plots_mod
+
+        written.extend(plots_mod.write_all(table, meta, out_dir / "plots"))
+    written.append(summary.write(table, meta, out_dir))
+    return written

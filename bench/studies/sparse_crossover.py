@@ -1,0 +1,74 @@
+"""Time a pruned GLAIHead's training step in the dense and the sparse layout across the kept
+fraction μ, to place `glai_kernels.glai.prune.SPARSE_CROSSOVER` (bench/NOTES.md, "Sparse
+kept-path estimator", has the result).
+
+    glai-bench sparse-crossover [--heads A1 B1] [--mus 1 3 10 25 50] [--batch 16]
+    (or `python -m bench.studies.sparse_crossover ...`)
+
+A step is what training a pruned head costs: head forward (frozen selector + estimator),
+backward (gradients to the path weights and the bias only; x and act need none), Adam step
+and zero_grad. The dense layout runs the dense op's auto backend on the masked [O, I, P']
+weight (with the gradient-mask hook), the sparse layout the sparse op's auto backend over
+the K kept values. Both heads come from one `prune` of one random MLP of the paper head's
+widths, so they compute the same function. Repeats interleave the layouts; the minimum over
+repeats is reported (the least disturbed run on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from glai_kernels.glai import from_mlp, make_mlp, prune
+from glai_kernels.paper_heads import PAPER_HEADS
+
+
+def step_time(head, x: torch.Tensor, repeats: int) -> list[float]:
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-3)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        head(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-crossover",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", nargs="+", default=["A1", "B1"])
+    parser.add_argument("--mus", type=float, nargs="+", default=[1, 3, 10, 25, 50])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B = {args.batch}")
+    for name in args.heads:
+        spec = PAPER_HEADS[name]
+        torch.manual_seed(0)
+        mlp = make_mlp((spec.n0, spec.paths, spec.n2))
+        head = from_mlp(mlp)
+        reference = torch.randn(256, spec.n0)
+        x = torch.randn(args.batch, spec.n0)
+        for mu in args.mus:
+            heads = {layout: prune(head, reference, mu=mu / 100, layout=layout).head
+                     for layout in ("dense", "sparse")}
+            for h in heads.values():
+                step_time(h, x, 1)  # warm up (builds, first allocations)
+            best = {layout: float("inf") for layout in heads}
+            for _ in range(args.repeats):
+                for layout, h in heads.items():
+                    best[layout] = min(best[layout], min(step_time(h, x, 1)))
+            ratio = best["dense"] / best["sparse"]
+            print(f"{name} mu={mu:5.1f}% K={heads['sparse'].path_count():9d} "
+                  f"dense({heads['dense'].backend_used}) {1e3 * best['dense']:8.2f} ms  "
+                  f"sparse({heads['sparse'].backend_used}) {1e3 * best['sparse']:8.2f} ms  "
+                  f"dense/sparse {ratio:5.2f}")
+
+    return 0
+
+if __name__ == "__main__":
+    raise SystemExit(main())

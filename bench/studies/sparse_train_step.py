@@ -1,0 +1,159 @@
+"""One GLAI training step on the sparse `cpp` backend against the original MLP's training step,
+per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP step; bench/
+NOTES.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
+(issue 13 target), second pass", have predictions and results).
+
+    glai-bench sparse-train-step [--heads A1 ... C2] [--threads 1 [2]] [--repeats 7]
+    (or `python -m bench.studies.sparse_train_step ...`)
+
+Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
+  MLP step   the original MLP (n0 -> n1 -> n2, no dropout): forward, a squared-error loss,
+             backward, SGD step (fused where torch has it, the paper's LR and weight decay),
+             zero_grad.
+  GLAI step  the GLAIHead of the reduced MLP pruned (path norms over 256 random reference
+             rows) to the matched K in the sparse layout: its forward (the frozen selector =
+             the reduced MLP's first layer + ReLU gates, then the sparse estimator), the same
+             loss, backward (gradients to the kept values and the bias only: x is data and the
+             selector is frozen), Adam step over K values (fused where torch has it), zero_grad.
+  GLAI fused the same step by `glai_kernels.glai.fused_step.FusedSparseStep` (without
+             autograd over the estimator or torch.optim's wrapper, the values' Adam update
+             inside the dvalues kernel; what `fit` and the pipeline run), on a copy of the
+             same head.
+  GLAI fused, torch Adam   the same with `kernel_adam=False` (torch's `_fused_adam_`: the
+             ordinary step's arithmetic bit for bit), on another copy.
+Timed by the suite's CPU timer (`bench.harness.timing.time_interleaved`): each sample is one
+block of steps lasting about 20 ms, the repeats are its rounds with the steps interleaved, and
+the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
+with more than one thread it leaves out the other threads' work: read the wall clock then)
+and on the wall clock (one interleaved timing per clock, the CPU clock's first). With several
+thread counts (`--threads 1 2`) the counts take turns inside each repeat too, and a last line
+per head compares each step at its own best thread count (wall clock): what a user who picks
+the thread count per model gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench.harness.timing import time_interleaved, warm
+from glai_kernels.glai import make_optimizer, match, paper_training, prune
+from glai_kernels.glai.fused_step import FusedSparseStep
+from glai_kernels.glai.mlp import make_mlp
+from glai_kernels.paper_heads import PAPER_HEADS
+
+# seconds of steps per sample (one timing block)
+SAMPLE_S = 0.02
+CPU = torch.device("cpu")
+
+
+def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+             target: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        loss = (model(x) - target).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   target: torch.Tensor, kernel_adam: bool = True) -> Callable[[], None]:
+    stepper = FusedSparseStep(head, optimizer, kernel_adam=kernel_adam)
+    return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
+
+
+def head_steps(name: str, backend: str = "cpp", batch: int | None = None
+               ) -> tuple[dict[str, Callable[[], None]], str]:
+    """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step}, a
+    description) for paper head `name`."""
+    spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
+    torch.manual_seed(0)
+    original = make_mlp((spec.n0, spec.n1, spec.n2))
+    _, head, budget = match(original, spec.rho)
+    head = prune(head, torch.randn(256, spec.n0), keep=budget.keep, layout="sparse").head
+    head.backend = backend
+    batch = batch or settings.batch_size
+    x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
+    fused, fused_torch = copy.deepcopy(head), copy.deepcopy(head)
+
+    def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return make_optimizer("adam", [p for p in model.parameters() if p.requires_grad],
+                              lr=settings.lr, weight_decay=settings.glai_weight_decay)
+    steps = {
+        "MLP": _stepper(original, make_optimizer("sgd", original.parameters(), lr=settings.lr,
+                                                 weight_decay=settings.mlp_weight_decay),
+                        x, target),
+        "GLAI": _stepper(head, adam(head), x, target),
+        "GLAI fused": _fused_stepper(fused, adam(fused), x, target),
+        "GLAI fused, torch Adam": _fused_stepper(fused_torch, adam(fused_torch), x, target,
+                                                 kernel_adam=False),
+    }
+    return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
+
+
+def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats: int,
+               clock: Callable[[], float]) -> dict[tuple[str, int], float]:
+    """{(step name, thread count): the fastest sample's seconds per step} on `clock`, every
+    step at every thread count interleaved in each of `repeats` rounds."""
+    label = {(name, n): f"{name} @{n}" for name in steps for n in threads}
+    fns = {text: steps[name] for (name, _), text in label.items()}
+    previous, per_call = torch.get_num_threads(), {}
+    try:
+        for (name, n), text in label.items():
+            # warm-up: extension, optimizer state, the thread pools; its median sizes the blocks
+            torch.set_num_threads(n)
+            per_call[text] = warm(steps[name], CPU)[1]
+    finally:
+        torch.set_num_threads(previous)
+    timings = time_interleaved(fns, per_call, SAMPLE_S * repeats, repeats, clock=clock,
+                               threads={text: n for (_, n), text in label.items()})
+    return {key: timings[text].min_s for key, text in label.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench sparse-train-step",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS))
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--backend", default="cpp")
+    parser.add_argument("--batch", type=int,
+                        help="rows per step (default: the paper's batch size; a family C "
+                             "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
+    args = parser.parse_args(argv)
+    print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
+          f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
+          f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step")
+    clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
+    for name in args.heads:
+        steps, what = head_steps(name, args.backend, args.batch)
+        best = {(model, n, c): seconds for c, clock in clocks.items()
+                for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
+                                                      clock).items()}
+        for n in args.threads:
+            cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps}) for c in clocks)
+            print(f"{name} ({what}, {n} thread{'s' if n > 1 else ''})  {cells}", flush=True)
+        if len(args.threads) > 1:
+            wall = {m: min((best[m, n, "wall"], n) for n in args.threads) for m in steps}
+            print(f"{name} each at its best thread count, wall: MLP {1e3 * wall['MLP'][0]:.3f} "
+                  f"ms ({wall['MLP'][1]}), GLAI fused {1e3 * wall['GLAI fused'][0]:.3f} ms "
+                  f"({wall['GLAI fused'][1]}): "
+                  f"{wall['GLAI fused'][0] / wall['MLP'][0]:.2f}x", flush=True)
+    return 0
+
+
+def _cells(clock: str, best: dict[str, float]) -> str:
+    mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
+    torch_adam = best["GLAI fused, torch Adam"]
+    return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "
+            f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x), fused with torch's Adam "
+            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""bench/harness/timing.py beyond the suite's own use (test_suite.py has that): the clock and
+per-function thread counts the studies time with, the device dispatch, the row's fields."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from bench.harness import timing
+
+CPU = torch.device("cpu")
+
+
+def test_the_cpu_clock_leaves_out_time_spent_off_the_cpu():
+    """A sleeping call costs wall time and almost no CPU time: with time.thread_time the
+    interleaved timer reports the second."""
+    fns = {"sleep": lambda: time.sleep(0.002)}
+    wall = timing.time_interleaved(fns, {"sleep": 0.002}, min_time_s=0.06, rounds=3)
+    cpu = timing.time_interleaved(fns, {"sleep": 0.002}, min_time_s=0.06, rounds=3,
+                                  clock=time.thread_time)
+    assert wall["sleep"].min_s >= 0.002
+    assert cpu["sleep"].median_s < 0.0005
+
+
+@pytest.mark.parametrize("per_call_s", [1e-5, timing.SINGLE_CALL_S])  # blocks, single calls
+def test_each_function_runs_at_its_own_thread_count(per_call_s):
+    seen: dict[str, set[int]] = {"one": set(), "two": set()}
+    fns = {name: (lambda name=name: seen[name].add(torch.get_num_threads())) for name in seen}
+    before = torch.get_num_threads()
+    out = timing.time_interleaved(fns, dict.fromkeys(fns, per_call_s), min_time_s=0.01,
+                                  rounds=2, threads={"one": 1, "two": 2})
+    assert seen == {"one": {1}, "two": {2}}
+    assert torch.get_num_threads() == before
+    assert all(t.samples == 2 for t in out.values())
+
+
+def test_time_calls_times_on_the_cpu_and_fills_the_rows_fields():
+    assert timing.time_calls({}, {}, CPU, min_time_s=0.01, rounds=2) == {}
+    fns = {"a": lambda: torch.ones(100).sum()}
+    fastest, median = timing.warm(fns["a"], CPU, warm_s=0.01)
+    assert 0 < fastest <= median
+    out = timing.time_calls(fns, {"a": median}, CPU, min_time_s=0.02, rounds=3)
+    fields = out["a"].fields()
+    assert set(fields) == {"median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples", "calls"}
+    assert fields["samples"] == 3 and 0 < fields["min_s"] <= fields["median_s"]

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One call on a lent CUDA machine, sized for a short lease: build the extension with its CUDA
+# part, run every test whose id names cuda or triton, then time the paper heads on the GPU
+# (writes the CUDA dispatch table, in the archive). Each step ends by itself before its
+# deadline (the tests through bench/tools/lease_plugin.py, the sweep through --time-limit), so a
+# slow step leaves the others their time; what each step printed, the failures' tracebacks and the
+# run's reports as one archive land in $OUT (default /tmp/on_gpu), at most 8 files (the
+# device tool's limit).
+#
+#     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
+#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=0 bash bench/tools/on_gpu.sh   # the defaults
+#     ENERGY_S=1 ...   # energy too: 1 s a measurement, which NVML's counter needs (0.1 s read
+#                      # up to 1,140 W on a 700 W H200, stop 33), so a few heads at a time
+#     TRITON_S=120 TRITON_HEADS=A1,C1 bash bench/tools/on_gpu.sh   # and a triton run of its own
+#     TRITON_BATCHES=16 ...                                  # (its batches; default 16,256)
+#     REPEATS=2 REPEAT_S=120 bash bench/tools/on_gpu.sh   # the small heads at B 16/32 twice more
+#         (REPEAT_HEADS, REPEAT_BATCHES), then here: glai-bench merge OUT bench_cuda
+#         bench_repeat1 bench_repeat2 --repeats   (each cell keeps its median run's row)
+#     TEST_FOCUS="test_sparse.py and compile" bash bench/tools/on_gpu.sh   # those tests first,
+#                                         # alone, cpu and cuda ids, whole tracebacks
+#
+# Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
+# installs nothing (the repository is imported from the checkout).
+set -u
+OUT=${OUT:-/tmp/on_gpu}
+mkdir -p "$OUT"
+START=$(date +%s)
+TOTAL_S=${TOTAL_S:-560}
+BUILD_S=${BUILD_S:-200}
+TEST_S=${TEST_S:-200}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export GLAI_KERNELS_CACHE=${GLAI_KERNELS_CACHE:-/tmp/glai_cache}
+PY=${PY:-python3}
+
+left() { echo $((TOTAL_S - ($(date +%s) - START))); }
+step() { printf '\n== %s (at %ss, %ss left)\n' "$1" $(( $(date +%s) - START )) "$(left)"; }
+
+{
+  step environment
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
+    --format=csv 2>&1
+  nvcc --version 2>&1 | tail -2
+  lscpu 2>/dev/null | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-300
+  "$PY" -c "import torch, triton; p = torch.cuda.get_device_properties(0); \
+print(torch.__version__, torch.version.cuda, triton.__version__, p)"
+} >"$OUT/env.txt" 2>&1
+
+step build | tee -a "$OUT/steps.txt"
+timeout "$BUILD_S" "$PY" - >"$OUT/build.log" 2>&1 <<'EOF'
+import time
+t = time.perf_counter()
+from glai_kernels import extension_build
+b = extension_build.build()
+print(f"built in {time.perf_counter() - t:.1f} s: error={b.error} with_cuda={b.with_cuda} "
+      f"cuda_reason={b.cuda_reason}")
+EOF
+echo "build rc=$?" | tee -a "$OUT/steps.txt"
+# a failed build's compiler output is in its cache folder, which does not come back
+cat "$GLAI_KERNELS_CACHE"/*/build.log >>"$OUT/build.log" 2>/dev/null
+timeout 60 "$PY" -m glai_kernels >>"$OUT/build.log" 2>&1
+
+if [ -n "${TEST_FOCUS:-}" ]; then
+  step "focus: $TEST_FOCUS" | tee -a "$OUT/steps.txt"
+  # one process, long tracebacks: a failure to be read, not counted
+  timeout -s INT -k 10 "${FOCUS_S:-90}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
+    --timeout 60 --tb=long -rfE --benchmark-disable -k "$TEST_FOCUS" correctness bench/tests \
+    >"$OUT/focus.log" 2>&1
+  echo "focus rc=$?" | tee -a "$OUT/steps.txt"
+fi
+
+step tests | tee -a "$OUT/steps.txt"
+# tests not started TEST_S from now are skipped (bench/tools/lease_plugin.py), so pytest ends with
+# its report; each failure's traceback is written to failures.txt the moment it fails
+budget=$(( $(left) - ${BENCH_MIN_S:-150} )); [ "$budget" -gt "$TEST_S" ] && budget=$TEST_S
+GLAI_TESTS_UNTIL=$(( $(date +%s) + budget - 20 )) GLAI_TESTS_FAILURES="$OUT/failures.txt" \
+timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" \
+  --timeout 120 --tb=short -rfE --benchmark-disable -k "${TEST_K:-cuda or triton}" \
+  correctness bench/tests >"$OUT/tests.log" 2>&1
+echo "tests rc=$?" | tee -a "$OUT/steps.txt"
+
+step bench | tee -a "$OUT/steps.txt"
+# the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
+# limit is checked before each backend's first call (which may autotune for tens of seconds)
+budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
+  --dtypes float32,bfloat16 --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
+  --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
+  --energy-window "${ENERGY_S:-0}" --time-limit $(( budget - 60 )) \
+  --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/steps.txt"
+if [ "${TRITON_S:-0}" -gt 0 ]; then
+  # triton autotunes each new shape for tens of seconds on a GPU: a few heads of its own, its
+  # first call per shape a warm-up the suite does not time
+  step "triton at ${TRITON_HEADS:-A1,C1}" | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 - ${REPEAT_S:-0} ))
+  timeout "$budget" "$PY" -m bench run --suite kernels --device cuda --sweeps heads \
+    --heads "${TRITON_HEADS:-A1,C1}" --batches "${TRITON_BATCHES:-16,256}" --dtypes float32 --passes forward,both \
+    --peers none --backends torch,cuda,triton --rounds 3 --min-time 0.05 --energy-window 0 \
+    --time-limit $(( budget - 30 )) --out /tmp/bench_cuda_triton --no-history --no-plots \
+    >>"$OUT/bench.log" 2>&1
+  echo "triton rc=$?" | tee -a "$OUT/steps.txt"
+fi
+if [ "${REPEATS:-0}" -gt 0 ]; then
+  # the host-bound small heads' medians move between runs (bench/NOTES.md, "An H200 lease"):
+  # the same cells again, each run its own folder, for `glai-bench merge --repeats`
+  for k in $(seq "$REPEATS"); do
+    step "repeat $k of $REPEATS at ${REPEAT_HEADS:-A1,A2,C1,C2}" | tee -a "$OUT/steps.txt"
+    budget=$(( ($(left) - 10) / (REPEATS - k + 1) ))
+    [ "$budget" -lt 40 ] && break
+    timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
+      --sweeps heads --heads "${REPEAT_HEADS:-A1,A2,C1,C2}" --batches "${REPEAT_BATCHES:-16,32}" \
+      --dtypes float32 --passes forward,both --peers einsum \
+      --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
+      --energy-window 0 --time-limit $(( budget - 25 )) --out "/tmp/bench_repeat$k" \
+      --no-history --no-plots >>"$OUT/bench.log" 2>&1
+    echo "repeat $k rc=$?" | tee -a "$OUT/steps.txt"
+  done
+fi
+tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda $(ls -d /tmp/bench_cuda_triton \
+  /tmp/bench_repeat* 2>/dev/null | xargs -r -n1 basename) 2>>"$OUT/steps.txt"
+
+step done | tee -a "$OUT/steps.txt"
+head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md; tail -25 "$OUT/tests.log"; head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
