@@ -93,7 +93,7 @@ def gradients(impl: Backend, dy: torch.Tensor, tensors: Tensors, rest: tuple,
     order), None for each one not in `needs`: zeros when the problem is `empty`, else
     `impl.backward(dy, *tensors, *rest, needs)` on contiguous tensors (with `saved=` when the
     forward kept something), each checked."""
-    needs = tuple(bool(n) for n in needs)
+    needs = tuple(needs)  # Python bools already (autograd's flags, a list[bool] schema)
     if empty:
         return tuple(torch.zeros_like(t) if need else None
                      for t, need in zip(tensors, needs, strict=True))
@@ -137,8 +137,8 @@ def fake_gradients(tensors: Tensors, needs: Sequence[bool]) -> tuple[torch.Tenso
 
 def setup_context(ctx, tensors: Tensors, rest: tuple, saved: torch.Tensor,
                   backend: str) -> None:
-    """What the forward op's backward keeps: the inputs, the saved tensor (and each of `rest`,
-    tensors) for the backward op on `backend`."""
+    """Keep on `ctx` what the forward op's backward needs: the inputs, the saved tensor and
+    `rest`'s tensors (the sparse index), and the backend's name."""
     ctx.mark_non_differentiable(saved)
     # otherwise autograd hands the backward a zero-filled gradient for `saved` (the dense
     # Z [B, O, P]: a fresh 4.8 MB fill at A1, B = 256, 42 MB at B1, per backward;

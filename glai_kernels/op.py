@@ -3,7 +3,9 @@
 Every backend runs behind these two custom ops, so autograd, torch.compile and opcheck see
 one contract whatever computes it. The ops take the backend's name as a string argument;
 the public `estimator` resolves "auto" and $GLAI_BACKEND to a concrete name first, so a
-forward and its backward always run on the same backend.
+forward and its backward always run on the same backend. What the ops do besides checking
+their arguments (the forward body, the plain backward, the fakes, autograd, the eager route
+that skips torch.library's Python) is the core both ops share, glai_kernels/calls.py.
 
 Like aten's native_layer_norm, the forward op returns a second tensor, `saved`, that only
 its backward reads: empty unless `save` is true and the backend has a `forward_saving`; it is

@@ -134,12 +134,11 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     Shapes as `estimator`: x [B, I], act [B, P], sw (O, I, P) with values [K], bias [O] ->
     y [B, O]; the same checks of every argument, in the same order.
     """
-    index = sw.index
+    index, values = sw.index, sw.values
     # the remembered checks key on tensor ids and write to the module: eager calls only
     # (under torch.compile the checks run once, while tracing)
     remembered = None if torch.compiler.is_compiling() else sw.checked_index_sizes
-    shape = check_inputs(x, act, sw.values, index, bias, index_check=remembered)
-    values = sw.values
+    shape = check_inputs(x, act, values, index, bias, index_check=remembered)
     if impl is None:
         impl = resolve(backend, x.device, x.dtype, auto_call(x, act, sw, backend))
     tensors = (x, act, values, bias)
