@@ -4,9 +4,10 @@ The dense op (`glai_kernels/op.py`) and the sparse kept-path op (`glai_kernels/s
 differ in their arguments, not in how they call a backend, so each keeps its argument checks
 and its custom-op schemas and takes the rest from here:
 
-- the forward body (`run_forward`): an empty problem answered with zeros, contiguous inputs,
-  a saving forward when the backward will want it, each result of the shape and dtype the
-  contract says (else a RuntimeError naming the backend), the bias added;
+- the forward body (`run_forward`; `forward_op` for the custom op): an empty problem answered
+  with zeros, contiguous inputs, a saving forward when the backward will want it, each result
+  of the shape and dtype the contract says (else a RuntimeError naming the backend), the bias
+  added;
 - the plain backward (`gradients`, and `backward` for the custom op, an empty [0] tensor for
   each gradient not asked for);
 - the fakes (`fake_forward`, `fake_gradients`) and the empty check (`is_empty`);
@@ -66,45 +67,54 @@ def forward(impl: Backend, args: Sequence, out_shape: Sequence[int], dtype: torc
 
 
 def run_forward(impl: Backend, shape, tensors: Tensors, rest: tuple,
-                bias: torch.Tensor | None, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                bias: torch.Tensor | None, save: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward op's body once its inputs are checked (`shape`) and `impl` resolved:
-    (y [B, O] with the bias added, saved: what `impl` kept for the backward when `save`,
-    else an empty [0] tensor). `rest` is passed to the backend as it is (contiguous)."""
-    x = tensors[0]
-    saved = x.new_empty(0)
+    (y [B, O] with the bias added, what `impl` kept for the backward when `save`, else None).
+    `rest` is passed to the backend as it is (contiguous)."""
+    x, act, weight = tensors
+    saved = None
     if is_empty(shape):
         # An empty sum is zero; no backend needs to see a zero-sized launch.
         y = x.new_zeros(shape.batch, shape.outputs)
     else:
         keep = saves(impl, save, empty=False)
-        y, kept = forward(impl, (*(t.contiguous() for t in tensors), *rest),
-                          (shape.batch, shape.outputs), x.dtype,
-                          impl.saved_shape(shape) if keep else None)
-        saved = kept if kept is not None else saved
+        y, saved = forward(impl, (x.contiguous(), act.contiguous(), weight.contiguous(), *rest),
+                           (shape.batch, shape.outputs), x.dtype,
+                           impl.saved_shape(shape) if keep else None)
     if bias is not None:
         y = y + bias
     return y, saved
 
 
+def forward_op(impl: Backend, shape, tensors: Tensors, rest: tuple, bias: torch.Tensor | None,
+               save: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`run_forward` as the forward op returns it: an empty [0] tensor for nothing saved (a
+    custom op returns tensors)."""
+    y, saved = run_forward(impl, shape, tensors, rest, bias, save)
+    return y, tensors[0].new_empty(0) if saved is None else saved
+
+
 def gradients(impl: Backend, dy: torch.Tensor, tensors: Tensors, rest: tuple,
-              saved: torch.Tensor, names: Sequence[str], needs: Sequence[bool],
+              saved: torch.Tensor | None, names: Sequence[str], needs: Sequence[bool],
               empty: bool) -> tuple[torch.Tensor | None, ...]:
     """The plain backward: the gradients of `tensors` (called `names`, in the backend's return
     order), None for each one not in `needs`: zeros when the problem is `empty`, else
     `impl.backward(dy, *tensors, *rest, needs)` on contiguous tensors (with `saved=` when the
-    forward kept something), each checked."""
+    forward kept something: not None, not empty), each checked."""
     needs = tuple(needs)  # Python bools already (autograd's flags, a list[bool] schema)
     if empty:
         return tuple(torch.zeros_like(t) if need else None
                      for t, need in zip(tensors, needs, strict=True))
-    call = (dy.contiguous(), *(t.contiguous() for t in tensors), *rest, needs)
-    computed = impl.backward(*call, saved=saved) if saved.numel() else impl.backward(*call)
+    x, act, weight = tensors
+    call = (dy.contiguous(), x.contiguous(), act.contiguous(), weight.contiguous(), *rest, needs)
+    computed = (impl.backward(*call, saved=saved) if saved is not None and saved.numel()
+                else impl.backward(*call))
     return tuple(checked(impl, f"d{name}", g, t.shape, t.dtype) if need else None
                  for name, t, g, need in zip(names, tensors, computed, needs, strict=True))
 
 
 def backward(impl: Backend, dy: torch.Tensor, tensors: Tensors, rest: tuple,
-             saved: torch.Tensor, names: Sequence[str], needs: Sequence[bool],
+             saved: torch.Tensor | None, names: Sequence[str], needs: Sequence[bool],
              empty: bool) -> tuple[torch.Tensor, ...]:
     """`gradients` as the backward op returns them: an empty [0] tensor for each one not in
     `needs` (a custom op cannot return None, and its outputs may not alias)."""
@@ -237,7 +247,7 @@ class EagerFunction(torch.autograd.Function):
         y, saved = run_forward(impl, shape, (x, act, weight), rest, bias, save)
         refuse_aliasing(impl, (x, act, weight, bias), y)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, act, weight, saved)
+        ctx.save_for_backward(x, act, weight, saved)  # saved None: nothing kept, nothing made
         ctx.impl, ctx.rest, ctx.empty = impl, rest, is_empty(shape)
         return y
 
@@ -250,6 +260,8 @@ class EagerFunction(torch.autograd.Function):
             op = ctx._forward_cls  # the subclass that recorded this node
             graph_backward = op.graph_backward
             if torch.is_grad_enabled() and graph_backward is not None:
+                if saved is None:  # the op takes a tensor
+                    saved = x.new_empty(0)
                 computed = graph_backward(dy, x, act, weight, *ctx.rest, saved, list(needs),
                                           ctx.impl.name)
                 grads = tuple(g if need else None for g, need in zip(computed, needs,

@@ -109,8 +109,8 @@ def estimator_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [B, O], saved) on the named backend; y = sum_{i,s} x[b,i] act[b,s] w[o,i,s] + bias."""
     shape = check_inputs(x, act, weight, bias)
-    return calls.run_forward(registry.resolve(backend, x.device, x.dtype), shape,
-                             (x, act, weight), (), bias, save)
+    return calls.forward_op(registry.resolve(backend, x.device, x.dtype), shape,
+                            (x, act, weight), (), bias, save)
 
 
 @estimator_op.register_fake

@@ -42,8 +42,8 @@ def sparse_estimator_op(
     """(y [B, O], saved) on the named sparse backend."""
     shape = check_inputs(x, act, values, index, bias, weight_name="values")
     impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
-    return calls.run_forward(impl, shape, (x, act, values), (_contiguous_list(index),), bias,
-                             save)
+    return calls.forward_op(impl, shape, (x, act, values), (_contiguous_list(index),), bias,
+                            save)
 
 
 def _contiguous_list(index: list[torch.Tensor]) -> KeptIndex:
