@@ -234,10 +234,10 @@ def direct_forward(impl: Backend, shape, tensors: Tensors, rest: tuple,
 class EagerFunction(torch.autograd.Function):
     """Both custom ops' work as one autograd.Function: apply(x, act, weight, bias, rest, impl,
     shape, save) -> y [B, O]. Each op subclasses it (the node's name says which op recorded
-    it) and sets `names`, its gradients' names for the result checks, and
-    `graph_backward`, its backward op as `op_gradients` calls it, for a backward that builds a
-    graph (create_graph), whose own autograd formula then gives gradients of gradients;
-    without one, the plain backward runs."""
+    it) and sets `names`, its gradients' names for the result checks, and `graph_backward`,
+    its backward op, called (dy, x, act, weight, *rest, saved, needs, backend name) for a
+    backward that builds a graph (create_graph), whose own autograd formula then gives
+    gradients of gradients; without one, the plain backward runs."""
 
     names: tuple[str, str, str] = ("x", "act", "weight")
     graph_backward: Callable | None = None
