@@ -3,7 +3,9 @@
 Every backend runs behind these two custom ops, so autograd, torch.compile and opcheck see
 one contract whatever computes it. The ops take the backend's name as a string argument;
 the public `estimator` resolves "auto" and $GLAI_BACKEND to a concrete name first, so a
-forward and its backward always run on the same backend.
+forward and its backward always run on the same backend. What the ops do besides checking
+their arguments (the forward body, the plain backward, the fakes, autograd, the eager route
+that skips torch.library's Python) is the core both ops share, glai_kernels/calls.py.
 
 Like aten's native_layer_norm, the forward op returns a second tensor, `saved`, that only
 its backward reads: empty unless `save` is true and the backend has a `forward_saving`; it is
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from glai_kernels import calls, dispatch, registry
-from glai_kernels.contract import Shape, accumulation_dtype, bias_gradient, check_inputs
+from glai_kernels.contract import check_inputs
 
 # Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
 AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -93,10 +95,7 @@ def backend_for(x: torch.Tensor, backend: str | None = None,
     return resolved_name(backend, x.device, dtype, call)
 
 
-def _is_empty(shape: Shape) -> bool:
-    return 0 in (shape.batch, shape.inputs, shape.paths, shape.outputs)
-
-
+_NAMES = ("x", "act", "weight")  # the gradients' names in the result checks
 
 
 @torch.library.custom_op("glai::estimator", mutates_args=())
@@ -110,38 +109,14 @@ def estimator_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [B, O], saved) on the named backend; y = sum_{i,s} x[b,i] act[b,s] w[o,i,s] + bias."""
     shape = check_inputs(x, act, weight, bias)
-    return _run_forward(registry.resolve(backend, x.device, x.dtype), shape, x, act, weight,
-                        bias, save)
-
-
-def _run_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
-                 weight: torch.Tensor, bias: torch.Tensor | None,
-                 save: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward op's body once its inputs are checked (`shape`) and `impl` resolved."""
-    saved = x.new_empty(0)
-    if _is_empty(shape):
-        # An empty sum is zero; no backend needs to see a zero-sized launch.
-        y = x.new_zeros(shape.batch, shape.outputs)
-    else:
-        keep = calls.saves(impl, save, empty=False)
-        y, kept = calls.forward(impl, (x.contiguous(), act.contiguous(), weight.contiguous()),
-                                (shape.batch, shape.outputs), x.dtype,
-                                impl.saved_shape(shape) if keep else None)
-        saved = kept if kept is not None else saved
-    if bias is not None:
-        y = y + bias
-    return y, saved
+    return calls.forward_op(registry.resolve(backend, x.device, x.dtype), shape,
+                            (x, act, weight), (), bias, save)
 
 
 @estimator_op.register_fake
 def _estimator_fake(x, act, weight, bias, backend, save=False):
-    shape = check_inputs(x, act, weight, bias)
-    saved = x.new_empty(0)
-    if backend != registry.AUTO:
-        impl = registry.get(backend)
-        if calls.saves(impl, save, _is_empty(shape)):
-            saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
-    return x.new_empty(shape.batch, shape.outputs), saved
+    return calls.fake_forward(registry.ESTIMATOR, backend, check_inputs(x, act, weight, bias),
+                              x, save)
 
 
 @torch.library.custom_op("glai::estimator_backward", mutates_args=())
@@ -159,44 +134,22 @@ def estimator_backward_op(
     shape = check_inputs(x, act, weight)
     impl = registry.resolve(backend, x.device, x.dtype)
     return calls.backward(  # type: ignore[return-value]
-        impl, (dy.contiguous(), x.contiguous(), act.contiguous(), weight.contiguous()), saved,
-        (("x", x), ("act", act), ("weight", weight)), needs, _is_empty(shape))
+        impl, dy, (x, act, weight), (), saved, _NAMES, needs, calls.is_empty(shape))
 
 
 @estimator_backward_op.register_fake
 def _estimator_backward_fake(dy, x, act, weight, saved, needs, backend):
     check_inputs(x, act, weight)
-    return tuple(t.new_empty(t.shape) if need else t.new_empty(0)
-                 for t, need in zip((x, act, weight), needs, strict=True))
+    return calls.fake_gradients((x, act, weight), needs)
 
 
 def _setup_context(ctx, inputs, output):
     x, act, weight, _bias, backend, *_ = inputs
-    saved = output[1]
-    ctx.mark_non_differentiable(saved)
-    # otherwise autograd hands the backward a zero-filled gradient for `saved` (Z [B, O, P]):
-    # a fresh 4.8 MB fill at A1, B = 256, 42 MB at B1, per backward (bench/NOTES.md, "Two
-    # threads without waiting ...")
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, act, weight, saved)
-    ctx.backend = backend
+    calls.setup_context(ctx, (x, act, weight), (), output[1], backend)
 
 
 def _backward(ctx, dy, _dsaved):
-    x, act, weight, saved = ctx.saved_tensors
-    need_x, need_act, need_weight, need_bias = ctx.needs_input_grad[:4]
-    dx = dact = dweight = dbias = None
-    if dy is None:  # y reached no loss: every gradient is None, as without the op
-        return dx, dact, dweight, dbias, None, None
-    if need_x or need_act or need_weight:
-        gx, gact, gweight = estimator_backward_op(
-            dy, x, act, weight, saved, [need_x, need_act, need_weight], ctx.backend)
-        dx = gx if need_x else None
-        dact = gact if need_act else None
-        dweight = gweight if need_weight else None
-    if need_bias:
-        dbias = bias_gradient(dy)
-    return dx, dact, dweight, dbias, None, None
+    return (*calls.op_gradients(ctx, dy, estimator_backward_op, bias_position=3), None, None)
 
 
 estimator_op.register_autograd(_backward, setup_context=_setup_context)
@@ -237,41 +190,31 @@ def _present(g: torch.Tensor | None, like: torch.Tensor) -> bool:
 def _double_backward(ctx, ggx, ggact, ggweight):
     dy, x, act, weight = ctx.saved_tensors
     name = ctx.backend
-    ggx = ggx if _present(ggx, x) else None
-    ggact = ggact if _present(ggact, act) else None
-    ggweight = ggweight if _present(ggweight, weight) else None
-    need_dy, need_x, need_act, need_weight = ctx.needs_input_grad[:4]
-    terms: dict[str, list[torch.Tensor]] = {"dy": [], "x": [], "act": [], "weight": []}
-    if ggx is not None:
+    need_dy, *needed = ctx.needs_input_grad[:4]
+    args = (x, act, weight)
+    # the formulas above: each incoming gradient stands in for its argument in turn, in the
+    # order x, act, weight, so each total sums its terms in that order
+    dy_terms: list[torch.Tensor] = []
+    arg_terms: list[list[torch.Tensor]] = [[], [], []]
+    for j, (gg, like) in enumerate(zip((ggx, ggact, ggweight), args, strict=True)):
+        if not _present(gg, like):
+            continue
+        at = tuple(gg if k == j else a for k, a in enumerate(args))
         if need_dy:
-            terms["dy"].append(_forward_of(ggx, act, weight, name))
-        if need_act:
-            terms["act"].append(_grad_of(1, dy, ggx, act, weight, name))
-        if need_weight:
-            terms["weight"].append(_grad_of(2, dy, ggx, act, weight, name))
-    if ggact is not None:
-        if need_dy:
-            terms["dy"].append(_forward_of(x, ggact, weight, name))
-        if need_x:
-            terms["x"].append(_grad_of(0, dy, x, ggact, weight, name))
-        if need_weight:
-            terms["weight"].append(_grad_of(2, dy, x, ggact, weight, name))
-    if ggweight is not None:
-        if need_dy:
-            terms["dy"].append(_forward_of(x, act, ggweight, name))
-        if need_x:
-            terms["x"].append(_grad_of(0, dy, x, act, ggweight, name))
-        if need_act:
-            terms["act"].append(_grad_of(1, dy, x, act, ggweight, name))
+            dy_terms.append(_forward_of(*at, name))
+        for k in range(3):
+            if k != j and needed[k]:
+                arg_terms[k].append(_grad_of(k, dy, *at, name))
 
-    def total(key: str, like: torch.Tensor, needed: bool) -> torch.Tensor | None:
-        if not needed:
+    def total(parts: list[torch.Tensor], like: torch.Tensor, need: bool) -> torch.Tensor | None:
+        if not need:
             return None
-        parts = terms[key]
         return sum(parts[1:], parts[0]) if parts else torch.zeros_like(like)
 
-    return (total("dy", dy, need_dy), total("x", x, need_x), total("act", act, need_act),
-            total("weight", weight, need_weight), None, None, None)
+    return (total(dy_terms, dy, need_dy),
+            *(total(parts, like, need) for parts, like, need in zip(arg_terms, args, needed,
+                                                                     strict=True)),
+            None, None, None)
 
 
 estimator_backward_op.register_autograd(_double_backward,
@@ -344,14 +287,15 @@ def estimator(
         device = x.device
         call = auto_call(x, act, weight, backend, device.type)
         tensors = (x, act, weight, bias)
-        if dtype is None and _plain(tensors):
+        if dtype is None and calls.eager_route(tensors):
+            # plain tensors in eager mode: the op's work without its Python (calls.py)
             impl = registry.resolve(backend, device, x.dtype, call)
-            if not _records_gradient(tensors):
-                return _direct_forward(impl, shape, x, act, weight, bias)
+            if not calls.records_gradient(tensors):
+                return calls.direct_forward(impl, shape, (x, act, weight), (), bias)
             save = act.requires_grad
-            if impl.eager is not None and not _is_empty(shape):
+            if impl.eager is not None and not calls.is_empty(shape):
                 return impl.eager(x, act, weight, bias, save)
-            return _EagerEstimator.apply(x, act, weight, bias, impl, shape, save)
+            return _EagerEstimator.apply(x, act, weight, bias, (), impl, shape, save)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
         name = _resolved(backend, device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
@@ -359,86 +303,10 @@ def estimator(
     return y
 
 
-# ---- eager calls that autograd will not record --------------------------------------------
-# Through torch.library a custom op call costs ~20 µs of Python (autograd wrapper, dispatch,
-# argument checks) before its body runs: 15% of the C2 forward at B = 16 (bench/NOTES.md,
-# "Small batch"). When nothing could observe the difference (no gradient recorded, plain
-# tensors, no dispatch or function mode, no functorch transform, no autocast) the body runs
-# directly, with the same checks and the same result checks.
+class _EagerEstimator(calls.EagerFunction):
+    """The dense op's eager node (calls.EagerFunction); a backward that builds a graph
+    (create_graph) calls the backward op, whose own autograd formula gives gradients of
+    gradients."""
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _plain(tensors: tuple) -> bool:
-    """Whether `tensors` are plain tensors (not meta), under no dispatch or function mode and
-    no functorch transform: nothing that would see the custom op (see above)."""
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or t.is_meta):
-            return False
-    return not (torch._C._len_torch_dispatch_stack()
-                or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active())
-
-
-def _records_gradient(tensors: tuple) -> bool:
-    """Whether autograd records a call on `tensors`: grad mode on and one needs a gradient.
-    Plain tensors that it does not record may skip the custom op (see above)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _direct_forward(impl: registry.Backend, shape: Shape, x: torch.Tensor, act: torch.Tensor,
-                    weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`estimator_op(...)[0]` without the op: its body, and the check the op makes that a
-    result does not alias an input."""
-    y, _ = _run_forward(impl, shape, x, act, weight, bias, False)
-    _refuse_aliasing(impl, (x, act, weight, bias), y)
-    return y
-
-
-def _refuse_aliasing(impl: registry.Backend, inputs: tuple, y: torch.Tensor) -> None:
-    """The check torch.library makes of a custom op's outputs (the same C++ function): a
-    result may not alias an input."""
-    if torch._C._any_output_is_alias_to_input_or_output(inputs, {}, (y,)):
-        raise RuntimeError(f"glai::estimator: backend {impl.name!r} returned an output that "
-                           "aliases an input; a custom op's outputs must be new tensors")
-
-
-# ---- eager calls that autograd records -----------------------------------------------------
-# The custom op's autograd (torch.library's generated Function, then the backward op's own
-# dispatch) cost ≈ 17 µs of Python in the forward and ≈ 47 µs in the backward: at the paper's
-# B = 16 as long as the kernels at A2 and C1 (bench/NOTES.md, "The paper's batch at two
-# threads"). For plain tensors in eager mode a Function records the same node: the same bodies,
-# the same checks of every result. A backward that builds a graph (create_graph) calls the
-# backward op, whose own autograd formula gives gradients of gradients as before.
-
-
-class _EagerEstimator(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, act, weight, bias, impl: registry.Backend, shape: Shape,
-                save: bool) -> torch.Tensor:
-        y, saved = _run_forward(impl, shape, x, act, weight, bias, save)
-        _refuse_aliasing(impl, (x, act, weight, bias), y)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, act, weight, saved)
-        ctx.impl, ctx.empty = impl, _is_empty(shape)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, act, weight, saved = ctx.saved_tensors
-        need_x, need_act, need_weight, need_bias = ctx.needs_input_grad[:4]
-        grads: list[torch.Tensor | None] = [None, None, None]
-        if dy is not None and (need_x or need_act or need_weight):
-            needs = [need_x, need_act, need_weight]
-            if torch.is_grad_enabled():
-                computed = estimator_backward_op(dy, x, act, weight, saved, needs,
-                                                 ctx.impl.name)
-            else:
-                computed = calls.backward(
-                    ctx.impl, tuple(t.contiguous() for t in (dy, x, act, weight)), saved,
-                    (("x", x), ("act", act), ("weight", weight)), needs, ctx.empty)
-            grads = [g if need else None for g, need in zip(computed, needs, strict=True)]
-        dbias = None
-        if dy is not None and need_bias:
-            dbias = bias_gradient(dy)
-        return (*grads, dbias, None, None, None)
+    names = _NAMES
+    graph_backward = estimator_backward_op

@@ -249,16 +249,22 @@ class Registry:
         return f"measured ({rule})"
 
     def pick_by_priority(self, device_type: str, dtype: torch.dtype) -> Backend:
-        """The available backend with the highest auto priority for this device and dtype."""
-        candidates = [
-            b for b in self._backends.values()
-            if device_type in b.auto_priority
-            and b.unsupported_reason(device_type, dtype) is None
-        ]
-        if not candidates:
+        """The available backend with the highest auto priority for this device and dtype
+        (the first registered among equals).
+
+        A plain loop, not max(key=...), which torch.compile cannot trace: the sparse op's
+        module forward resolves "auto" inside a compiled region."""
+        best: Backend | None = None
+        for candidate in self._backends.values():
+            rank = candidate.auto_priority.get(device_type)
+            if rank is None or candidate.unsupported_reason(device_type, dtype) is not None:
+                continue
+            if best is None or rank > best.auto_priority[device_type]:
+                best = candidate
+        if best is None:
             raise RuntimeError(f"no {self.op} backend is available for {device_type} {dtype}; "
                                f"see glai_kernels.backends()")
-        return max(candidates, key=lambda b: b.auto_priority[device_type])
+        return best
 
     def resolve(self, backend: str | None, device: torch.device, dtype: torch.dtype,
                 call: dispatch.Call | None = None) -> Backend:

@@ -28,17 +28,9 @@ def cpp_forward_saving(
     return extension.run_forward(x, act, weight, True)
 
 
-def cpp_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    act: torch.Tensor,
-    weight: torch.Tensor,
-    needs: tuple[bool, bool, bool],
-    saved: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), only those in `needs`;
-    `saved` is the forward's Z, which makes dact cheap."""
-    return extension.run_backward(dy, x, act, weight, needs, saved)
+cpp_backward = extension.run_backward
+"""dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), only those in `needs`; `saved` is
+the forward's Z, which makes dact cheap (glai_ext::backward, as the `cuda` backend's)."""
 
 
 def cpp_eager(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,

@@ -21,23 +21,10 @@ def cuda_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor) -> to
     return extension.run_forward(x, act, weight, False)[0]
 
 
-def cuda_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    act: torch.Tensor,
-    weight: torch.Tensor,
-    needs: tuple[bool, bool, bool],
-    saved: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, O] -> (dx [B, I], dact [B, P], dweight [O, I, P]), only those in `needs`."""
-    return extension.run_backward(dy, x, act, weight, needs, saved)
-
-
-
 register(Backend(
     name="cuda",
     forward=cuda_forward,
-    backward=cuda_backward,
+    backward=extension.run_backward,  # glai_ext::backward, as the `cpp` backend's
     devices=("cuda",),
     description="CUDA extension: tiled GEMMs, x⊗act formed in shared memory, tensor cores "
                 "(wmma) for bfloat16, split-K",

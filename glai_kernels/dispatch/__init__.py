@@ -200,8 +200,15 @@ class Table:
                    data.get("provenance", {}), source)
 
 
-def table_path(kind: str, table_dir: Path | None = None) -> Path:
-    return (TABLE_DIR if table_dir is None else table_dir) / f"{_slug(kind)}.json"
+def table_path(kind: str, table_dir: Path | None = None, op: str = "estimator") -> Path:
+    """Where `op`'s table for machine kind `kind` is kept: `<kind>.json` for the dense op
+    ("estimator"), `<kind>.<op>.json` for another (`...-2t.sparse_estimator.json`). `kind`
+    may carry its op already (`table_for` hands `_load` such a name): machine kinds never
+    contain "_" or ".<op>", so the name maps to itself."""
+    name = kind if op == "estimator" else f"{kind}.{op}"
+    # _slug's characters plus "_", which op names use
+    stem = re.sub(r"[^A-Za-z0-9._]+", "-", name).strip("-") or "unknown"
+    return (TABLE_DIR if table_dir is None else table_dir) / f"{stem}.json"
 
 
 @functools.cache
@@ -212,24 +219,28 @@ def _load(kind: str, table_dir: Path) -> Table | None:
     return Table.from_dict(json.loads(path.read_text()), str(path))
 
 
-def table_for(device_type: str, threads: int | None = None) -> Table | None:
-    """The shipped table for this machine kind (read once per process), None when none."""
-    return _load(machine_kind(device_type, threads), TABLE_DIR)
+def table_for(device_type: str, threads: int | None = None,
+              op: str = "estimator") -> Table | None:
+    """The shipped table of `op` for this machine kind (read once per process), None when
+    none, or when the file's "op" is another op's (it would pick another op's backends)."""
+    name = table_path(machine_kind(device_type, threads), op=op).stem
+    table = _load(name, TABLE_DIR)
+    return table if table is not None and table.op == op else None
 
 
 _PICKS: dict[tuple, tuple[str | None, str]] = {}
-_HAS_TABLE: dict[tuple[str, int], bool] = {}
+_HAS_TABLE: dict[tuple[str, int, str], bool] = {}
 
 
-def has_table(device_type: str) -> bool:
-    """Whether this machine kind ships a table (cached: the op asks on every call, so a
-    machine without one pays a dict lookup, not a call shape)."""
+def has_table(device_type: str, op: str = "estimator") -> bool:
+    """Whether this machine kind ships a table for `op` (cached: the op asks on every call,
+    so a machine without one pays a dict lookup, not a call shape)."""
     where = (device_type, torch.get_num_threads() if device_type == "cpu"
-             else torch.cuda.current_device() if device_type == "cuda" else 0)
+             else torch.cuda.current_device() if device_type == "cuda" else 0, op)
     known = _HAS_TABLE.get(where)
     if known is None:
         known = _HAS_TABLE[where] = (device_type in ("cpu", "cuda")
-                                     and table_for(device_type) is not None)
+                                     and table_for(device_type, op=op) is not None)
     return known
 
 
@@ -250,10 +261,11 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
     if hit is not None:
         return hit
     call = Call(*call)
-    table = table_for(device_type, threads) if op == "estimator" else None
+    table = table_for(device_type, threads, op)
     if table is None:
         answer: tuple[str | None, str] = (None, "no dispatch table for "
-                                          f"{machine_kind(device_type, threads)}")
+                                          f"{machine_kind(device_type, threads)}"
+                                          + ("" if op == "estimator" else f" ({op})"))
     else:
         entry = table.lookup(_dtype_name(dtype), call)
         name = Path(table.source).name or table.machine_kind

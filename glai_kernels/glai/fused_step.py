@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from glai_kernels import calls as backend_calls
-from glai_kernels import registry
+from glai_kernels import fused, registry
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.glai.head import GLAIHead
 from glai_kernels.sparse import op as sparse_op
@@ -112,7 +112,7 @@ class FusedSparseStep:
             raise ValueError(f"FusedSparseStep: {why}")
         self.head, self.optimizer = head, optimizer
         self.kernel_adam = bool(kernel_adam)
-        self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype), backend)
+        self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype, call), backend)
         self._cached_plan: _Plan | None = None
 
     def _forward(self, x: torch.Tensor, calls: list, plan: _Plan) -> torch.Tensor:
@@ -129,15 +129,17 @@ class FusedSparseStep:
                              f"like the head, got {x.dtype} on {x.device}")
         # the selector checks x's shape; what the estimator's checks (`check_inputs`) would
         # add here is fixed for the head and was checked when its weight was built
-        impl = self._backend(x)
         batch = x.shape[0]
         with torch.no_grad():
             act = plan.selector(x).contiguous()
             x_aug = F.pad(x, (0, 1), value=1.0).contiguous()
+        # outside no_grad: "auto" is told the call's mode as the ordinary step's ("train")
+        impl = self._backend(x_aug, act, plan)
+        with torch.no_grad():
             if plan.nnz == 0 or batch == 0:
                 y = x.new_zeros(batch, plan.outputs)  # an empty sum is zero
             else:
-                # the eager forward's own call and result check (glai_kernels/sparse/op.py)
+                # the forward body's call and result check (glai_kernels/calls.py, run_forward)
                 y = backend_calls.checked(impl, "y", impl.forward(x_aug, act, values, plan.index),
                                           (batch, plan.outputs), x.dtype)
             if plan.bias is not None:
@@ -146,11 +148,14 @@ class FusedSparseStep:
         calls.append((x_aug, act, impl, y))
         return y
 
-    def _backend(self, x: torch.Tensor):
+    def _backend(self, x_aug: torch.Tensor, act: torch.Tensor, plan: _Plan):
+        """The sparse backend the head's forward would run (GLAIHead.forward's resolve)."""
         head = self.head
-        key = (head.backend, os.environ.get(registry.ENV_VAR), x.device, x.dtype)
+        call = sparse_op.auto_call(x_aug, act, plan.parts[1], head.backend)  # parts[1]: sw
+        key = (head.backend, os.environ.get(registry.ENV_VAR), x_aug.device, x_aug.dtype, call)
         if self._resolved is None or self._resolved[0] != key:
-            self._resolved = (key, sparse_op.resolve(head.backend, x.device, x.dtype))
+            self._resolved = (key, sparse_op.resolve(head.backend, x_aug.device, x_aug.dtype,
+                                                     call))
         used = f"sparse:{self._resolved[1].name}"
         if head.__dict__.get("backend_used") != used:  # nn.Module's __setattr__ costs ≈ 1 µs
             head.backend_used = used
@@ -204,7 +209,7 @@ class FusedSparseStep:
             dy = dy.contiguous()
             if plan.nnz == 0 or x_aug.shape[0] == 0:
                 dv = torch.zeros_like(values)
-            else:  # eager_backward's call and check (glai_kernels/sparse/op.py)
+            else:  # the plain backward's call and check (glai_kernels/calls.py, gradients)
                 dv = backend_calls.checked(
                     impl, "dvalues", impl.backward(dy, x_aug, act, values, plan.index, needs)[2],
                     values.shape, values.dtype)
@@ -235,15 +240,14 @@ class FusedSparseStep:
 
     def _adam_in_kernel(self, group: dict, dy: torch.Tensor, x_aug: torch.Tensor,
                         act: torch.Tensor, plan: _Plan) -> None:
-        torch.ops.glai_ext.sparse_dvalues_adam(
-            dy, x_aug, act, plan.values.detach(), list(plan.index),
-            *self._kernel_update_args(group, plan.values))
+        fused.sparse_dvalues_adam(dy, x_aug, act, plan.values.detach(), plan.index,
+                                  *self._kernel_update_args(group, plan.values))
 
     def _bias_adam_in_kernel(self, group: dict, dy: torch.Tensor, bias: torch.Tensor) -> None:
         # dbias = dy summed over the batch and the bias's update in one call: torch's sum, step
         # count and _fused_adam_ cost ≈ 17 µs inside a B1 step (bench/NOTES.md, "The bias's
         # update in one call, and the selector's tiles")
-        torch.ops.glai_ext.bias_adam(dy, bias.detach(), *self._kernel_update_args(group, bias))
+        fused.bias_adam(dy, bias.detach(), *self._kernel_update_args(group, bias))
 
     def _kernel_update_args(self, group: dict, param: torch.Tensor) -> tuple:
         """(exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps, step, decoupled) of

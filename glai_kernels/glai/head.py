@@ -7,7 +7,6 @@ kept values are a Parameter, the sparse op computes over them). `prune` picks th
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ from glai_kernels import registry
 from glai_kernels import sparse as sparse_op
 from glai_kernels.glai.selector import PathSelector
 from glai_kernels.op import backend_for, estimator
-from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight
+from glai_kernels.sparse import SparsePathWeight
 
 LAYOUTS = ("dense", "sparse")
 
@@ -184,11 +183,13 @@ class GLAIHead(nn.Module):
         act = self.selector(x)
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
         if self.layout == "sparse":
-            chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype)
+            sw = self.sparse_weight
+            chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype,
+                                          sparse_op.op.auto_call(x_aug, act, sw, self.backend))
             self.backend_used = f"sparse:{chosen.name}"
             # resolved once here, not again inside `estimator` (bench/NOTES.md, "Training
             # step: the Python around the kernels")
-            return sparse_op.op.run_resolved(x_aug, act, self.sparse_weight, self.bias, chosen)
+            return sparse_op.op.run_resolved(x_aug, act, sw, self.bias, chosen)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
         name = backend_for(x_aug, self.backend, act, self.weight)
@@ -205,15 +206,9 @@ class GLAIHead(nn.Module):
 
 def sparse_backend_name(backend: str | None) -> str:
     """The sparse backend `backend` (else $GLAI_BACKEND, else "auto") asks for; raises
-    ValueError if it names none (e.g. a backend only the dense op has)."""
-    if backend is None:
-        chosen = os.environ.get(registry.ENV_VAR, "") or registry.AUTO
-        if chosen != registry.AUTO and chosen not in SPARSE_ESTIMATOR.names():
-            known = ", ".join([registry.AUTO, *sorted(SPARSE_ESTIMATOR.names())])
-            raise ValueError(f"${registry.ENV_VAR}={chosen!r} names no sparse estimator "
-                             f"backend; sparse backends: {known}")
-        return chosen
-    return SPARSE_ESTIMATOR.requested_name(backend)
+    ValueError if it names none (e.g. a backend only the dense op has): the sparse op's own
+    `requested_name`."""
+    return sparse_op.op.requested_name(backend)
 
 
 def has_sparse_backend(backend: str | None) -> bool:

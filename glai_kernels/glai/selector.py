@@ -11,9 +11,10 @@ layer l (docs/ARCHITECTURE.md §4.3). `units[l, s] == n_l` marks "no unit on thi
 the start).
 With one hidden layer and every unit kept, act is just g_1.
 
-The frozen layers' GEMMs run on the extension's `glai_ext::linear` (float32/float64 on CPU,
-outside torch.compile, when the extension is available: the same rule as the `auto` backend,
-building it on first need), else on `F.linear`. At the paper's batch sizes MKL's sgemm reaches
+The frozen layers' GEMMs run on the extension's `glai_ext::linear` (through
+`glai_kernels.fused.linear`; float32/float64 on CPU, outside torch.compile, when the extension
+is available: the same rule as the `auto` backend, building it on first need), else on
+`F.linear`. At the paper's batch sizes MKL's sgemm reaches
 a third of this CPU's FMA peak and the extension about 2x that (bench/NOTES.md, "The
 selector's GEMM"). `PathSelector.gemm = "torch"` forces F.linear. The two sum in different
 orders, so a pre-activation within rounding of 0 may gate differently; the path weights see
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glai_kernels import extension
+from glai_kernels import fused
 from glai_kernels.glai.mlp import MLPLayers
 
 GEMMS = ("auto", "cpp", "torch")
@@ -144,9 +145,9 @@ class PathSelector(nn.Module):
             if fast:
                 transposed = self._transposed(k, weight)
                 if k == last:  # the compare fused into the GEMM's store
-                    out.append(extension.run_linear(h, transposed, bias, True))
+                    out.append(fused.linear(h, transposed, bias, True))
                     break
-                pre = extension.run_linear(h, transposed, bias, False)
+                pre = fused.linear(h, transposed, bias, False)
             else:
                 pre = F.linear(h, weight, bias)
             out.append((pre > 0).to(x.dtype))
@@ -166,11 +167,11 @@ class PathSelector(nn.Module):
             if not usable:
                 raise ValueError(f"PathSelector.gemm='cpp' runs float32/float64 on CPU, got "
                                  f"x {x.dtype} on {x.device}")
-            why = extension.cpu_availability("cpu")
+            why = fused.unavailable()
             if why is not None:
                 raise RuntimeError(f"PathSelector.gemm='cpp': {why}")
             return True
-        return usable and extension.cpu_availability("cpu") is None
+        return usable and fused.unavailable() is None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -212,7 +213,7 @@ class PathSelector(nn.Module):
                 lambda w, b, u: _padded_columns(w.index_select(0, u[0]).t(),
                                                 None if b is None else b.index_select(0, u[0])))
             paths = self.units.shape[1]
-            out = extension.run_linear(x.detach(), weight, bias, True)
+            out = fused.linear(x.detach(), weight, bias, True)
             return out if out.shape[1] == paths else out[:, :paths].contiguous()
         gates = self.gates(x)
         if self.training:

@@ -7,12 +7,13 @@ path weights instead of all O·I·P (docs/ARCHITECTURE.md).
 
 `sw.shape == (O, I, P)`, `sw.nnz == K`, `sw.to_dense()` is the [O, I, P] weight; train
 `sw.values`. Backends (`glai_kernels.sparse.backends()`) are chosen by `backend=`, else
-$GLAI_BACKEND, else "auto", as for the dense op.
+$GLAI_BACKEND, else "auto", as for the dense op (`Registry.resolve`; "auto" follows the
+machine's `glai_kernels/dispatch/<machine kind>.sparse_estimator.json` where one is shipped).
 
 Modules: `layout` (the index tensors, documented for kernel writers), `weight`
 (`SparsePathWeight`), `contract` (argument checks), `registry` (`SPARSE_ESTIMATOR` and the
-backend signatures), `op` (the custom ops), `backends/` (one file per backend), `reference`
-(the passes over the layout in float64).
+backend signatures), `op` (the custom ops, on the core both ops share: glai_kernels/calls.py),
+`backends/` (one file per backend), `reference` (the passes over the layout in float64).
 """
 
 from glai_kernels.registry import BackendStatus

@@ -1,6 +1,9 @@
 """The sparse op: `glai::sparse_estimator`, its backward op, fakes and autograd.
 
-As glai_kernels/op.py for the dense op: every sparse backend runs behind these two custom
+As glai_kernels/op.py for the dense op, and with the same core (glai_kernels/calls.py: the
+forward body, the plain backward, the fakes, the autograd and the eager route; the same
+selection, `Registry.resolve`, so "auto" follows the machine's sparse dispatch table when it
+ships one): every sparse backend runs behind these two custom
 ops, which take the values, the ten KeptIndex tensors (as a list, in KeptIndex order) and
 the backend's name; the public `estimator` resolves "auto" and $GLAI_BACKEND first, so a
 forward and its backward run on one backend. The forward returns `saved`, the group sums
@@ -16,19 +19,14 @@ import os
 
 import torch
 
-from glai_kernels import calls
-from glai_kernels.contract import accumulation_dtype, bias_gradient
+from glai_kernels import calls, dispatch
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
-from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
+from glai_kernels.sparse.registry import SPARSE_ESTIMATOR
 from glai_kernels.sparse.weight import SparsePathWeight
 
-
-def _is_empty(shape: SparseShape) -> bool:
-    return 0 in (shape.batch, shape.inputs, shape.paths, shape.outputs, shape.nnz)
-
-
+_NAMES = ("x", "act", "values")  # the gradients' names in the result checks
 
 
 @torch.library.custom_op("glai::sparse_estimator", mutates_args=())
@@ -44,30 +42,18 @@ def sparse_estimator_op(
     """(y [B, O], saved) on the named sparse backend."""
     shape = check_inputs(x, act, values, index, bias, weight_name="values")
     impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
-    saved = x.new_empty(0)
-    if _is_empty(shape):
-        y = x.new_zeros(shape.batch, shape.outputs)  # an empty sum is zero
-    else:
-        args = (x.contiguous(), act.contiguous(), values.contiguous(),
-                as_index([t.contiguous() for t in index]))
-        keep = calls.saves(impl, save, empty=False)
-        y, kept = calls.forward(impl, args, (shape.batch, shape.outputs), x.dtype,
-                                impl.saved_shape(shape) if keep else None)
-        saved = kept if kept is not None else saved
-    if bias is not None:
-        y = y + bias
-    return y, saved
+    return calls.forward_op(impl, shape, (x, act, values), (_contiguous_list(index),), bias,
+                            save)
+
+
+def _contiguous_list(index: list[torch.Tensor]) -> KeptIndex:
+    return as_index([t.contiguous() for t in index])
 
 
 @sparse_estimator_op.register_fake
 def _sparse_fake(x, act, values, index, bias, backend, save):
     shape = check_inputs(x, act, values, index, bias, weight_name="values")
-    saved = x.new_empty(0)
-    if backend != AUTO:
-        impl = SPARSE_ESTIMATOR.get(backend)
-        if calls.saves(impl, save, _is_empty(shape)):
-            saved = x.new_empty(impl.saved_shape(shape), dtype=accumulation_dtype(x.dtype))
-    return x.new_empty(shape.batch, shape.outputs), saved
+    return calls.fake_forward(SPARSE_ESTIMATOR, backend, shape, x, save)
 
 
 @torch.library.custom_op("glai::sparse_estimator_backward", mutates_args=())
@@ -85,44 +71,26 @@ def sparse_estimator_backward_op(
     back as an empty tensor of shape [0] (custom ops cannot return None)."""
     shape = check_inputs(x, act, values, index, weight_name="values")
     impl = SPARSE_ESTIMATOR.resolve(backend, x.device, x.dtype)
-    args = (dy.contiguous(), x.contiguous(), act.contiguous(), values.contiguous(),
-            as_index([t.contiguous() for t in index]))
     return calls.backward(  # type: ignore[return-value]
-        impl, args, saved, (("x", x), ("act", act), ("values", values)), needs,
-        _is_empty(shape))
+        impl, dy, (x, act, values), (_contiguous_list(index),), saved, _NAMES, needs,
+        calls.is_empty(shape))
 
 
 @sparse_estimator_backward_op.register_fake
 def _sparse_backward_fake(dy, x, act, values, index, saved, needs, backend):
     check_inputs(x, act, values, index, weight_name="values")
-    return tuple(t.new_empty(t.shape) if need else t.new_empty(0)
-                 for t, need in zip((x, act, values), needs, strict=True))
+    return calls.fake_gradients((x, act, values), needs)
 
 
 def _setup_context(ctx, inputs, output):
     x, act, values, index, _bias, backend, *_ = inputs
-    saved = output[1]
-    ctx.mark_non_differentiable(saved)
-    ctx.set_materialize_grads(False)  # no zero-filled gradient for Zg (the dense op's reason)
-    ctx.save_for_backward(x, act, values, saved, *index)
-    ctx.backend = backend
+    calls.setup_context(ctx, (x, act, values), tuple(index), output[1], backend)
 
 
 def _backward(ctx, dy, _dsaved):
-    x, act, values, saved, *index = ctx.saved_tensors
-    no_index_grads = [None] * len(index)  # a list input takes a list of (no) gradients
-    need_x, need_act, need_values, _, need_bias = ctx.needs_input_grad[:5]
-    dx = dact = dvalues = dbias = None
-    if dy is None:  # y reached no loss: every gradient is None
-        return dx, dact, dvalues, no_index_grads, dbias, None, None
-    if need_x or need_act or need_values:
-        gx, gact, gvalues = sparse_estimator_backward_op(
-            dy, x, act, values, index, saved, [need_x, need_act, need_values], ctx.backend)
-        dx = gx if need_x else None
-        dact = gact if need_act else None
-        dvalues = gvalues if need_values else None
-    if need_bias:
-        dbias = bias_gradient(dy)
+    dx, dact, dvalues, dbias = calls.op_gradients(ctx, dy, sparse_estimator_backward_op,
+                                                  bias_position=4)
+    no_index_grads = [None] * len(KeptIndex._fields)  # a list input takes a list
     return dx, dact, dvalues, no_index_grads, dbias, None, None
 
 
@@ -160,37 +128,29 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
                  bias: torch.Tensor | None, impl: Backend | None,
                  backend: str | None = None) -> torch.Tensor:
     """`estimator` on the backend `impl` when the caller resolved it already (`resolve(backend,
-    x.device, x.dtype)`; GLAIHead records it), so it is not resolved twice; `impl` None:
-    resolve `backend` after the argument checks, as `estimator` does.
+    x.device, x.dtype, auto_call(...))`; GLAIHead records it), so it is not resolved twice;
+    `impl` None: resolve `backend` after the argument checks, as `estimator` does.
 
     Shapes as `estimator`: x [B, I], act [B, P], sw (O, I, P) with values [K], bias [O] ->
     y [B, O]; the same checks of every argument, in the same order.
     """
-    index = sw.index
+    index, values = sw.index, sw.values
     # the remembered checks key on tensor ids and write to the module: eager calls only
     # (under torch.compile the checks run once, while tracing)
     remembered = None if torch.compiler.is_compiling() else sw.checked_index_sizes
-    shape = check_inputs(x, act, sw.values, index, bias, index_check=remembered)
+    shape = check_inputs(x, act, values, index, bias, index_check=remembered)
     if impl is None:
-        impl = resolve(backend, x.device, x.dtype)
+        impl = resolve(backend, x.device, x.dtype, auto_call(x, act, sw, backend))
+    tensors = (x, act, values, bias)
+    if calls.eager_route(tensors):
+        # plain tensors in eager mode: the op's work without its Python (calls.py)
+        rest = (contiguous_index(index),)
+        if not calls.records_gradient(tensors):
+            return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
+        return _EagerSparse.apply(x, act, values, bias, rest, impl, shape, act.requires_grad)
     save = torch.is_grad_enabled() and act.requires_grad
-    if _eager(x, act, sw.values, bias):
-        return _EagerSparse.apply(x, act, sw.values, bias, index, impl, shape, save)
-    y, _ = sparse_estimator_op(x, act, sw.values, list(index), bias, impl.name, save)
+    y, _ = sparse_estimator_op(x, act, values, list(index), bias, impl.name, save)
     return y
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter is a plain tensor to dispatch
-
-
-def _eager(*tensors: torch.Tensor | None) -> bool:
-    """Whether `estimator` may skip the custom ops: plain tensors, no torch.compile tracing, no
-    dispatch or function mode (fake tensors, functorch, __torch_function__ overrides)."""
-    return (not torch.compiler.is_compiling()
-            and all(t is None or type(t) in _PLAIN for t in tensors)
-            and not torch._C._is_torch_function_mode_enabled()
-            and not torch._C._are_functorch_transforms_active()
-            and torch._C._len_torch_dispatch_stack() == 0)
 
 
 def contiguous_index(index: KeptIndex) -> KeptIndex:
@@ -201,90 +161,46 @@ def contiguous_index(index: KeptIndex) -> KeptIndex:
     return KeptIndex(*(t.contiguous() for t in index))
 
 
-class _EagerSparse(torch.autograd.Function):
-    """The two custom ops' work as one autograd.Function, for eager calls of `estimator`.
+class _EagerSparse(calls.EagerFunction):
+    """The sparse op's eager node (calls.EagerFunction): once differentiable, as the sparse
+    backward op has no autograd formula of its own."""
 
-    The custom ops cost ≈ 0.1-0.2 ms of Python per call (the checks run again inside each,
-    the custom-op and autograd wrappers), as much as the `cpp` kernels themselves at the
-    paper's B = 16 (bench/NOTES.md, "cpp performance pass"). Same backends, same checks of
-    their results, same gradients ("only those needed"); torch.compile, opcheck and direct
-    callers of torch.ops.glai.sparse_estimator still get the custom ops.
-    """
-
-    @staticmethod
-    def forward(ctx, x, act, values, bias, index, impl, shape, save):
-        saved = None
-        if _is_empty(shape):
-            y = x.new_zeros(shape.batch, shape.outputs)  # an empty sum is zero
-        else:
-            x, act, values = x.contiguous(), act.contiguous(), values.contiguous()
-            index = contiguous_index(index)
-            keep = calls.saves(impl, save, empty=False)
-            y, saved = calls.forward(impl, (x, act, values, index), (shape.batch, shape.outputs),
-                                     x.dtype, impl.saved_shape(shape) if keep else None)
-        if bias is not None:
-            y = y + bias
-        ctx.save_for_backward(x, act, values, saved)
-        ctx.index, ctx.impl, ctx.shape = index, impl, shape
-        return y
+    names = _NAMES
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, act, values, saved = ctx.saved_tensors
-        wanted = tuple(ctx.needs_input_grad[:3])
-        grads: tuple = (None, None, None)
-        if any(wanted):
-            grads = eager_backward(ctx.impl, dy.contiguous(), x, act, values, ctx.index, saved,
-                                    wanted, _is_empty(ctx.shape))
-        dbias = None
-        if ctx.needs_input_grad[3]:
-            dbias = bias_gradient(dy)
-        return (*grads, dbias, None, None, None, None)
+        return calls.EagerFunction.backward(ctx, dy)
 
 
-def eager_backward(impl: Backend, dy: torch.Tensor, x: torch.Tensor, act: torch.Tensor,
-                    values: torch.Tensor, index: KeptIndex, saved: torch.Tensor | None,
-                    wanted: tuple[bool, bool, bool], empty: bool) -> tuple:
-    """(dx, dact, dvalues), None where not `wanted`: `calls.backward`'s work and result checks
-    (`calls.checked`) without its custom-op plumbing (an empty [0] tensor standing for each
-    gradient not asked for), which the eager path would turn back into None."""
-    wrt = (("x", x), ("act", act), ("values", values))
-    if empty:
-        return tuple(torch.zeros_like(t) if need else None
-                     for (_, t), need in zip(wrt, wanted, strict=True))
-    args = (dy, x, act, values, index, wanted)
-    computed = impl.backward(*args, saved=saved) if saved is not None and saved.numel() \
-        else impl.backward(*args)
-    return tuple(calls.checked(impl, f"d{name}", g, t.shape, t.dtype) if need else None
-                 for (name, t), g, need in zip(wrt, computed, wanted, strict=True))
+def auto_call(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
+              backend: str | None) -> dispatch.Call | None:
+    """What "auto" is told of a sparse call: its mode and dense shape (B, I, P, O; as a plain
+    tuple in `dispatch.Call`'s order), or None where it cannot use them (a named backend,
+    torch.compile, a machine kind without a sparse table), as the dense op's `auto_call`."""
+    if ((backend is not None and backend != AUTO) or torch.compiler.is_compiling()
+            or not dispatch.has_table(x.device.type, SPARSE_ESTIMATOR.op)):
+        return None
+    batch, inputs = x.shape
+    return (dispatch.call_mode(x, act, sw.values), batch, inputs,  # type: ignore[return-value]
+            act.shape[1], sw.shape[0])
 
 
-def resolve(backend: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
-    """The sparse backend that runs for these tensors: `backend`, else $GLAI_BACKEND, else
-    auto. A $GLAI_BACKEND naming a backend only the dense op has is an error that says so."""
+def requested_name(backend: str | None) -> str:
+    """The sparse backend `backend` (else $GLAI_BACKEND, else "auto") asks for. A
+    $GLAI_BACKEND naming a backend only the dense op has is an error that says so."""
     if backend is None:
         chosen = os.environ.get(ENV_VAR, "")
         if chosen and chosen != AUTO and chosen not in SPARSE_ESTIMATOR.names():
             known = ", ".join([AUTO, *sorted(SPARSE_ESTIMATOR.names())])
             raise ValueError(f"${ENV_VAR}={chosen!r} names no sparse estimator backend; "
                              f"sparse backends: {known} (pass backend= to override)")
-    if SPARSE_ESTIMATOR.requested_name(backend) == AUTO:
-        return _pick_auto(device.type, dtype)
-    return SPARSE_ESTIMATOR.resolve(backend, device, dtype)
+    return SPARSE_ESTIMATOR.requested_name(backend)
 
 
-def _pick_auto(device_type: str, dtype: torch.dtype) -> Backend:
-    """Registry.pick_auto as a plain loop: torch.compile cannot trace its max(key=...), and a
-    module's forward resolves "auto" inside the compiled region."""
-    best = None
-    for candidate in SPARSE_ESTIMATOR.backends():
-        rank = candidate.auto_priority.get(device_type)
-        if rank is None or candidate.unsupported_reason(device_type, dtype) is not None:
-            continue
-        if best is None or rank > best.auto_priority[device_type]:
-            best = candidate
-    if best is None:
-        raise RuntimeError(f"no sparse_estimator backend is available for {device_type} {dtype}; "
-                           f"see glai_kernels.sparse.backends()")
-    return best
+def resolve(backend: str | None, device: torch.device, dtype: torch.dtype,
+            call: dispatch.Call | None = None) -> Backend:
+    """The sparse backend that runs for these tensors: `backend`, else $GLAI_BACKEND, else
+    auto (`Registry.resolve`: the machine's sparse dispatch table for `call` when given and
+    one exists, else the priorities), after `requested_name`'s check."""
+    return SPARSE_ESTIMATOR.resolve(requested_name(backend), device, dtype, call)

@@ -68,6 +68,25 @@ except ImportError:  # the backend still registers and says why it cannot run
 
 
 @_jit
+def _group_sum(xt_ptr, values_ptr, inputs_ptr, group_ptr, g, rows, row_mask, B,
+               BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr):
+    """Zg[rows, g] of group g (int64) spread over BLOCK_E lanes, [BLOCK_B, BLOCK_E] in ACC,
+    entries in increasing k: the forward and the dact kernel without a saved Zg sum each
+    group this one way, so both see the same bits."""
+    z = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
+    k_hi = tl.load(group_ptr + g + 1)
+    for k0 in range(tl.load(group_ptr + g), k_hi, BLOCK_E):
+        ks = tl.cast(k0, tl.int64) + tl.arange(0, BLOCK_E)
+        mask = ks < k_hi
+        i = tl.load(inputs_ptr + ks, mask=mask, other=0).to(tl.int64)
+        v = tl.load(values_ptr + ks, mask=mask, other=0.0).to(ACC)
+        xv = tl.load(xt_ptr + i[None, :] * B + rows[:, None],
+                     mask=row_mask[:, None] & mask[None, :], other=0.0).to(ACC)
+        z += xv * v[None, :]
+    return z
+
+
+@_jit
 def _forward_kernel(
     xt_ptr, actt_ptr, values_ptr, inputs_ptr, group_ptr, group_paths_ptr, output_ptr,
     y_ptr, zg_ptr, B, O,
@@ -83,17 +102,8 @@ def _forward_kernel(
     y = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
     for g in range(g_lo, g_hi):
         g64 = tl.cast(g, tl.int64)
-        # Zg[rows, g] spread over BLOCK_E lanes, entries in increasing k
-        z = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
-        k_hi = tl.load(group_ptr + g64 + 1)
-        for k0 in range(tl.load(group_ptr + g64), k_hi, BLOCK_E):
-            ks = tl.cast(k0, tl.int64) + tl.arange(0, BLOCK_E)
-            mask = ks < k_hi
-            i = tl.load(inputs_ptr + ks, mask=mask, other=0).to(tl.int64)
-            v = tl.load(values_ptr + ks, mask=mask, other=0.0).to(ACC)
-            xv = tl.load(xt_ptr + i[None, :] * B + rows[:, None],
-                         mask=row_mask[:, None] & mask[None, :], other=0.0).to(ACC)
-            z += xv * v[None, :]
+        z = _group_sum(xt_ptr, values_ptr, inputs_ptr, group_ptr, g64, rows, row_mask, B,
+                       BLOCK_B, BLOCK_E, ACC)
         s = tl.load(group_paths_ptr + g64).to(tl.int64)
         a = tl.load(actt_ptr + s * B + rows, mask=row_mask, other=0.0).to(ACC)
         y += a[:, None] * z
@@ -187,17 +197,9 @@ def _dact_kernel(
     else:
         for j in range(j_lo, j_hi):
             g = tl.load(path_groups_ptr + tl.cast(j, tl.int64)).to(tl.int64)
-            # Zg[rows, g] spread over BLOCK_E lanes, as the forward sums it
-            z = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
-            k_hi = tl.load(group_ptr + g + 1)
-            for k0 in range(tl.load(group_ptr + g), k_hi, BLOCK_E):
-                ks = tl.cast(k0, tl.int64) + tl.arange(0, BLOCK_E)
-                mask = ks < k_hi
-                i = tl.load(inputs_ptr + ks, mask=mask, other=0).to(tl.int64)
-                v = tl.load(values_ptr + ks, mask=mask, other=0.0).to(ACC)
-                xv = tl.load(xt_ptr + i[None, :] * B + rows[:, None],
-                             mask=row_mask[:, None] & mask[None, :], other=0.0).to(ACC)
-                z += xv * v[None, :]
+            # the forward's own sum of this group, so dact sees the Zg the forward saved
+            z = _group_sum(xt_ptr, values_ptr, inputs_ptr, group_ptr, g, rows, row_mask, B,
+                           BLOCK_B, BLOCK_E, ACC)
             o = tl.load(group_outputs_ptr + g).to(tl.int64)
             d = tl.load(dyt_ptr + o * B + rows, mask=row_mask, other=0.0).to(ACC)
             acc += d[:, None] * z
