@@ -21,8 +21,10 @@ of the dense op's Z): shape [B, G], in float32 for float16/bfloat16 inputs, else
 inputs' dtype.
 
 INDEX TENSORS (`KeptIndex`, in this field order; all int32, contiguous, on the values'
-device; K < 2^31 and G < 2^31 are checked when building). "ptr" arrays are CSR-style
-offsets: items of row r are [ptr[r], ptr[r+1]), ptr[0] = 0, ptr[-1] = the item count.
+device; K < 2^31 and G < 2^31 are checked when building). `check_contents` checks every
+statement below (SparsePathWeight runs it where an index enters: construction, loading);
+`check_bounds` only those that keep a kernel's reads and writes in bounds. "ptr" arrays
+are CSR-style offsets: items of row r are [ptr[r], ptr[r+1]), ptr[0] = 0, ptr[-1] = the item count.
 
     inputs        [K]    i_k of entry k (entries in (o, s, i) order).
     group_ptr     [G+1]  entries of group g: k in [group_ptr[g], group_ptr[g+1]); every
@@ -137,6 +139,126 @@ def build_from_sorted(outputs: torch.Tensor, inputs: torch.Tensor, paths: torch.
         path_ptr=i32(_ptr(torch.bincount(group_paths, minlength=path_count))),
         path_groups=i32(path_groups),
     )
+
+
+# what each tensor's entries address: ("ptr", the item count it runs to) for an offset array,
+# ("index", the count its entries index into) for the others; in terms of (O, I, P, K, G)
+_BOUNDS: dict[str, tuple[str, str]] = {
+    "inputs": ("index", "I"), "group_ptr": ("ptr", "K"), "group_outputs": ("index", "O"),
+    "group_paths": ("index", "P"), "output_ptr": ("ptr", "G"), "input_ptr": ("ptr", "K"),
+    "input_entries": ("index", "K"), "entry_groups": ("index", "G"), "path_ptr": ("ptr", "G"),
+    "path_groups": ("index", "G"),
+}
+
+
+def _counts(index: KeptIndex) -> dict[str, int]:
+    out_count, in_count, path_count = index.shape
+    return {"O": out_count, "I": in_count, "P": path_count, "K": index.nnz, "G": index.groups}
+
+
+def _violations(index: KeptIndex, counts: dict[str, int]) -> torch.Tensor:
+    """bool [10], one flag per field (KeptIndex order): True where the field breaks its
+    bounds. One device tensor, so a caller reads all ten with one synchronisation."""
+    flags = []
+    for name, (kind, count) in _BOUNDS.items():
+        t, n = getattr(index, name), counts[count]
+        if kind == "ptr":  # from 0 to n, never decreasing (so every entry in [0, n])
+            flags.append((t[0] != 0) | (t[-1] != n) | (t[1:] < t[:-1]).any())
+        elif t.numel():
+            low, high = torch.aminmax(t)
+            flags.append((low < 0) | (high >= n))
+        else:
+            flags.append(torch.zeros((), dtype=torch.bool, device=t.device))
+    return torch.stack(flags)
+
+
+def _bounds_error(who: str, name: str, index: KeptIndex, counts: dict[str, int]) -> ValueError:
+    kind, count = _BOUNDS[name]
+    t = getattr(index, name).long()
+    if kind == "ptr":
+        drop = (t[1:] < t[:-1]).nonzero()
+        where = (f"it decreases at position {int(drop[0, 0]) + 1}" if drop.numel()
+                 else f"it runs from {int(t[0])} to {int(t[-1])}")
+        return ValueError(f"{who}: index.{name} must run from 0 to {count} = {counts[count]} "
+                          f"without decreasing (CSR offsets), but {where}")
+    return ValueError(f"{who}: index.{name} out of range: its entries must lie in [0, {count} = "
+                      f"{counts[count]}), got min {int(t.min())}, max {int(t.max())}")
+
+
+def check_bounds(index: KeptIndex, who: str = "sparse estimator") -> None:
+    """Raise ValueError naming the field unless every offset and index of `index` stays inside
+    what it addresses: each ptr array runs from 0 to its item count without decreasing, each
+    other entry lies in [0, its count). That keeps a kernel's every read and write in bounds;
+    whether the index is the one its entries define is `check_contents`' question.
+
+    One reduction per tensor and one synchronisation; the tensors' sizes must already agree
+    (contract.check_index).
+    """
+    counts = _counts(index)
+    flags = _violations(index, counts)
+    if bool(flags.any()):
+        name = KeptIndex._fields[int(flags.nonzero()[0, 0])]
+        raise _bounds_error(who, name, index, counts)
+
+
+def _first_difference(got: torch.Tensor, expected: torch.Tensor) -> str:
+    if got.numel() != expected.numel():
+        return f"{got.numel()} entries, expected {expected.numel()}"
+    k = int((got != expected).nonzero()[0, 0])
+    return f"entry {k} is {int(got[k])}, expected {int(expected[k])}"
+
+
+# why each derived field is what it is, for the error that names it
+_DERIVED = {
+    "output_ptr": "must count each output's groups (group_outputs)",
+    "input_ptr": "must count each input's entries (inputs)",
+    "input_entries": "must list each input's entries in increasing k (inputs)",
+    "entry_groups": "must name each entry's group (group_ptr)",
+    "path_ptr": "must count each path's groups (group_paths)",
+    "path_groups": "must list each path's groups in increasing g (group_paths)",
+}
+
+
+def check_contents(index: KeptIndex, who: str = "sparse estimator") -> None:
+    """Raise ValueError naming the first field that breaks an invariant of the module
+    docstring: `check_bounds`, then the order (groups non-empty and sorted by (o, s), unique;
+    within a group, inputs increasing), then every derived tensor (the ptr arrays of outputs,
+    inputs and paths, the reverse orders, entry_groups) equal to the one `build_from_sorted`
+    makes from the entries. An index that passes is exactly the one its entries define.
+
+    O(K log K) (the reverse orders are rebuilt): for construction and loading, not per call.
+    The tensors' sizes must already agree (contract.check_index).
+    """
+    check_bounds(index, who)
+    out_count, in_count, path_count = index.shape
+    counts = torch.diff(index.group_ptr.long())
+    if bool((counts < 1).any()):
+        g = int((counts < 1).nonzero()[0, 0])
+        raise ValueError(f"{who}: index.group_ptr must be increasing (every group has at least "
+                         f"one entry), but group {g} is empty")
+    group_keys = index.group_outputs.long() * path_count + index.group_paths.long()
+    if bool((group_keys[1:] <= group_keys[:-1]).any()):
+        g = int((group_keys[1:] <= group_keys[:-1]).nonzero()[0, 0]) + 1
+        raise ValueError(f"{who}: index.group_outputs and group_paths must list each (o, s) "
+                         f"once, in increasing (o, s) order, but group {g} has (o, s) = "
+                         f"({int(index.group_outputs[g])}, {int(index.group_paths[g])}) after "
+                         f"({int(index.group_outputs[g - 1])}, {int(index.group_paths[g - 1])})")
+    inputs = index.inputs.long()
+    starts = torch.zeros(index.nnz, dtype=torch.bool, device=inputs.device)
+    starts[index.group_ptr.long()[:-1]] = True
+    unsorted = (inputs[1:] <= inputs[:-1]) & ~starts[1:]
+    if bool(unsorted.any()):
+        k = int(unsorted.nonzero()[0, 0]) + 1
+        raise ValueError(f"{who}: index.inputs must increase within each group, but entry {k} "
+                         f"(input {int(inputs[k])}) follows input {int(inputs[k - 1])} in its "
+                         f"group")
+    outputs = torch.repeat_interleave(index.group_outputs.long(), counts)
+    paths = torch.repeat_interleave(index.group_paths.long(), counts)
+    expected = build_from_sorted(outputs, inputs, paths, (out_count, in_count, path_count))
+    for name, rule in _DERIVED.items():
+        got, want = getattr(index, name), getattr(expected, name)
+        if not torch.equal(got, want):
+            raise ValueError(f"{who}: index.{name} {rule}, but {_first_difference(got, want)}")
 
 
 def build_index(mask: torch.Tensor) -> KeptIndex:
