@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glai_kernels.sparse import KeptIndex, SparsePathWeight, estimator, from_dense
+from glai_kernels.sparse import KeptIndex, SparsePathWeight, estimator, from_dense, from_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (4, 5, 3)
@@ -188,3 +188,33 @@ def test_a_direct_op_call_with_a_corrupt_index_raises_on_every_backend():
     for key, outcome in results.items():
         field = key.split()[1]
         assert outcome.startswith("ValueError") and f"index.{field}" in outcome, (key, outcome)
+
+
+def test_from_entries_sorts_sizes_whose_product_passes_int64():
+    """O·I·P = (2^21 + 1)^3 > 2^63: each size passes the int32 check, but a flat key
+    (o·P + s)·I + i wraps past int64 and put output 2^21's entry before output 0's, so the
+    kernels summed it into the wrong output."""
+    side = 2**21 + 1
+    shape = (side, side, side)
+    outputs = torch.tensor([side - 1, 0, 0, side - 1])
+    inputs = torch.tensor([0, 7, side - 1, 3])
+    paths = torch.tensor([side - 1, 2, 2, 0])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    sw = from_entries(outputs, inputs, paths, values, shape)
+    o, i, s = sw.entries()
+    assert o.tolist() == [0, 0, side - 1, side - 1]
+    assert s.tolist() == [2, 2, 0, side - 1]
+    assert i.tolist() == [7, side - 1, 3, 0]
+    assert sw.values.tolist() == [2.0, 3.0, 4.0, 1.0]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.zeros(1, side)
+    act = torch.zeros(1, side)
+    x[0, [0, 3, 7, side - 1]] = torch.randn(4, generator=gen)
+    act[0, [0, 2, side - 1]] = torch.randn(3, generator=gen)
+    xd, ad = x.double()[0], act.double()[0]
+    exact = torch.stack([2 * xd[7] * ad[2] + 3 * xd[side - 1] * ad[2],
+                         1 * xd[0] * ad[side - 1] + 4 * xd[3] * ad[0]])[None]
+    for backend in ("torch", "cpp"):
+        y = estimator(x, act, sw, backend=backend)
+        torch.testing.assert_close(y.double()[:, [0, side - 1]], exact)
+        assert int(y.count_nonzero()) == 2

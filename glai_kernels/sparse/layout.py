@@ -297,10 +297,13 @@ def index_from_entries(outputs: torch.Tensor, inputs: torch.Tensor, paths: torch
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
             raise ValueError(f"{name} index out of range: entries must lie in [0, {size}) for "
                              f"shape {list(shape)}, got min {int(t.min())}, max {int(t.max())}")
-    _, in_count, path_count = shape
     o, i, s = (t.long() for t in (outputs, inputs, paths))
     _check_sizes(shape, o.numel())
-    order = torch.sort((o * path_count + s) * in_count + i, stable=True).indices
+    # (o, s, i) order by three stable sorts, least significant key first: a flat key
+    # (o·P + s)·I + i wraps past int64 once O·I·P >= 2^63, which each size alone allows
+    order = torch.arange(o.numel(), device=o.device)
+    for key in (i, s, o):
+        order = order[torch.sort(key[order], stable=True).indices]
     o, i, s = o[order], i[order], s[order]
     repeated = (o[1:] == o[:-1]) & (s[1:] == s[:-1]) & (i[1:] == i[:-1])
     if bool(repeated.any()):
