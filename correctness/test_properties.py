@@ -8,14 +8,15 @@ changes the first (and the second in proportion) for a quicker or a deeper local
 `compile` runs its cases over `COMPILE_KEYS` (shape, dtype, gradients) triples drawn from the
 run's seed, since each new one compiles a graph (fuzz.graph_keys).
 
-The sparse op (glai_kernels.sparse) has its own fuzzer below: the same cases plus a kept-path
-mask (densities from none to all, rows of outputs, inputs or paths left empty), every sparse
-backend on CPU (triton under its interpreter) against the float64 dense oracle on the masked
-weight, forward and every gradient; and a corrupted index (one entry of one field changed),
-which construction and a direct call of the custom op must refuse naming the field.
-`SPARSE_EXAMPLES` cases per backend (15% of them for interpreted Triton), fewer than the dense
-op's: the sparse backends share the dense ones' arithmetic, and what is new here is the walk
-over the index, whose edges small shapes reach.
+The sparse op (glai_kernels.sparse) has its own fuzzer below: the same cases plus a
+kept-path mask (densities from none to all, rows of outputs, inputs or paths left empty),
+every sparse backend on every device it declares (triton on CPU under its interpreter)
+against the float64 dense oracle on the masked weight, forward and every gradient; and a
+corrupted index (one entry of one field changed), which construction and a direct call of
+the custom op must refuse naming the field. `SPARSE_EXAMPLES` (500) cases per backend and
+device, 15% of them for interpreted Triton: fewer than the dense op's, since the sparse
+backends share the dense ones' arithmetic and what is new is the walk over the index,
+whose edges small shapes reach (about 30 s in all on the shared 2-core machine).
 
 The seed changes every run and is printed in pytest's header and in a failure's message;
 `GLAI_FUZZ_SEED=<seed> pytest correctness/test_properties.py` draws the same cases again. No
@@ -109,13 +110,14 @@ def test_random_cases_match_oracle(backend_device, one_thread):
 
 
 def sparse_params() -> list:
-    """(sparse backend, "cpu") for every sparse backend, or $GLAI_BACKEND's alone."""
+    """(sparse backend, device) for every sparse backend (or $GLAI_BACKEND's alone) on every
+    device it declares, skipped where it cannot run."""
     chosen = os.environ.get(registry.ENV_VAR)
     names = SPARSE_ESTIMATOR.names()
     if chosen and chosen != registry.AUTO:
         names = [n for n in names if n == chosen]
-    return [backend_param(n, SPARSE_ESTIMATOR.get(n), "cpu") for n in names
-            if "cpu" in SPARSE_ESTIMATOR.get(n).devices]
+    return [backend_param(n, SPARSE_ESTIMATOR.get(n), device) for n in names
+            for device in SPARSE_ESTIMATOR.get(n).devices]
 
 
 def check_sparse_case(name: str, case: dict, device: str = "cpu") -> list[str]:
@@ -157,13 +159,13 @@ def check_sparse_case(name: str, case: dict, device: str = "cpu") -> list[str]:
     return failures
 
 
-def check_corrupt_index(name: str, case: dict) -> list[str]:
+def check_corrupt_index(name: str, case: dict, device: str = "cpu") -> list[str]:
     """One entry of one index field changed: SparsePathWeight refuses it naming a field (that
     field, when the value is out of its range), and a direct call of the custom op, which
     checks bounds alone, refuses the out-of-range ones (and a ptr array's new end or step
     down) naming the field and runs the others without reading out of bounds."""
-    data, _ = build(case, "cpu")
-    sw = from_dense(data.weight.detach(), kept_mask(case))
+    data, _ = build(case, device)
+    sw = from_dense(data.weight.detach(), kept_mask(case, device))
     if not any(t.numel() for t in sw.index):
         return []
     bad, field, outside = corrupt(sw.index, case["seed"])
@@ -192,11 +194,11 @@ def check_corrupt_index(name: str, case: dict) -> list[str]:
 @pytest.mark.parametrize("sparse_backend", sparse_params())
 def test_sparse_random_cases_match_oracle(sparse_backend, one_thread):
     name, device = sparse_backend
-    wanted = (max(1, math.ceil(SPARSE_EXAMPLES * INTERPRETED_SHARE)) if name == "triton"
-              else SPARSE_EXAMPLES)
+    wanted = (max(1, math.ceil(SPARSE_EXAMPLES * INTERPRETED_SHARE))
+              if name == "triton" and device == "cpu" else SPARSE_EXAMPLES)
     run_seed = (fuzz_seed() + zlib.crc32(f"sparse-{name}-{device}".encode())) % 2**32
     replay = (f"replay: {FUZZ_SEED_VAR}={fuzz_seed()} pytest correctness/test_properties.py "
-              f"-k 'sparse and {name}'")
+              f"-k 'sparse and {name}-{device}'")
     ran = []
 
     @seed(run_seed)
@@ -205,7 +207,8 @@ def test_sparse_random_cases_match_oracle(sparse_backend, one_thread):
     @given(case=sparse_cases)
     def one_case(case):
         ran.append(case)
-        failures = check_sparse_case(name, case, device) + check_corrupt_index(name, case)
+        failures = (check_sparse_case(name, case, device)
+                    + check_corrupt_index(name, case, device))
         assert not failures, (f"sparse {name} on {device}, {describe(case)} mask "
                               f"{case['mask']}: " + "; ".join(failures) + f" ({replay})")
 
