@@ -128,14 +128,18 @@ def test_loading_refuses_a_corrupt_index_of_another_size():
     assert torch.equal(sw.to_dense(), other.to_dense())
 
 
-def test_a_buffer_replaced_after_construction_is_checked_at_the_next_call():
-    """`checked_index_sizes` remembers the checks per tensor object: a replaced buffer is a
-    new object, checked (contents too) before any backend runs."""
+@pytest.mark.parametrize("edit", ["replaced", "in place"])
+def test_a_buffer_changed_after_construction_is_checked_at_the_next_call(edit):
+    """`checked_index_sizes` remembers the checks per tensor object and version: a replaced
+    buffer is a new object, an edited one has a new version; either is checked (contents
+    too) before any backend runs."""
     sw = _weight()
     x, act = torch.randn(2, SHAPE[1]), torch.randn(2, SHAPE[2])
     estimator(x, act, sw, backend="torch")
-    sw.inputs = sw.inputs.clone()
-    sw.inputs[0] = 10**6
+    if edit == "replaced":
+        sw.inputs = sw.inputs.clone()
+    with torch.no_grad():
+        sw.inputs[0] = 10**6
     with pytest.raises(ValueError, match=r"index.inputs out of range"):
         estimator(x, act, sw, backend="torch")
 

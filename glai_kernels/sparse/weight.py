@@ -118,9 +118,10 @@ class SparsePathWeight(nn.Module):
                             ) -> tuple[int, int, int, int]:
         """`contract.check_index(index, device, nnz)` ((O, I, P, G), or its error) and
         `layout.check_contents(index)`, remembered while `index` holds the same tensor
-        objects of the same sizes: the ten tensors' checks cost ≈ 40 µs per call otherwise,
-        the contents' a pass over K. Construction and loading validate and remember them, so
-        only a buffer replaced since (`sw.inputs = t`) is checked again here."""
+        objects of the same sizes, unedited: the ten tensors' checks cost ≈ 40 µs per call
+        otherwise, the contents' a pass over K. Construction validates and remembers them, so
+        only a buffer replaced (`sw.inputs = t`), edited in place or loaded into since is
+        checked again here."""
         key = _check_key(index, device, nnz)
         cached = self.__dict__.get("_checked_index")
         if cached is not None and cached[0] == key:
@@ -206,8 +207,14 @@ class SparsePathWeight(nn.Module):
 
 def _check_key(index: KeptIndex, device: torch.device, nnz: int) -> tuple:
     # ids, not the tensors (a tuple compares elements with ==); the cache holds the tensors
-    # themselves, so no id can be reused by another tensor while it is cached
-    return (device, nnz, tuple(map(id, index)),
+    # themselves, so no id can be reused by another tensor while it is cached. The version
+    # counters (≈ 0.6 µs for ten) make an in-place edit of a buffer (`sw.inputs[0] = 7`)
+    # a miss, checked again; inference tensors keep none.
+    try:
+        versions = tuple(t._version for t in index)
+    except (AttributeError, RuntimeError):
+        versions = None
+    return (device, nnz, tuple(map(id, index)), versions,
             tuple(t.shape if isinstance(t, torch.Tensor) else None for t in index))
 
 
