@@ -224,3 +224,78 @@ def describe(case: dict) -> str:
     return (f"B={b} I={i} P={p} O={o} {case['dtype']} {case['gates']} gates x"
             f"{gate_scale(case['dtype'], case['gate_exponent']):.3g} bias={case['bias']} "
             f"grads={sorted(case['grads'])} layouts={laid or 'contiguous'} seed={case['seed']}")
+
+
+# ----------------------------------------------------------------------------------------
+# The sparse op (glai_kernels.sparse): the same cases, plus which path weights are kept
+
+# some, a few, most, every one, none (1 case in 8; hypothesis favours the first: not that)
+DENSITIES = (0.3, 0.1, 0.3, 0.5, 0.7, 0.7, 1.0, 0.0)
+EMPTIABLE = ("outputs", "inputs", "paths")
+
+masks = st.fixed_dictionaries({
+    "density": st.sampled_from(DENSITIES),
+    # axes some of whose rows keep nothing (an output with no group, an input or a path no
+    # entry uses: the reverse orders' empty ranges); none in half the cases
+    "empty": st.sampled_from(((),) * 4 + tuple((axis,) for axis in EMPTIABLE) + (EMPTIABLE,)),
+    "seed": st.integers(0, 2**31 - 1),
+})
+
+
+@st.composite
+def sparse_shapes(draw) -> tuple[int, int, int, int]:
+    """`shapes`, with every axis at least 1 in 7 cases of 8: hypothesis favours small
+    draws, and with a zero axis (or no kept path) the sparse op computes nothing."""
+    shape = draw(shapes())
+    return shape if draw(st.integers(0, 7)) == 0 else tuple(max(1, d) for d in shape)
+
+
+sparse_cases = st.tuples(cases, masks, sparse_shapes()).map(
+    lambda c: {**c[0], "mask": c[1], "shape": c[2]})
+
+
+def kept_mask(case: dict, device: str = "cpu") -> torch.Tensor:
+    """bool [O, I, P] of a sparse case: each path weight kept with the drawn density, then
+    half the rows of each `empty` axis emptied (none of an axis of one row: density 0 empties
+    everything)."""
+    _, inputs, paths, outputs = case["shape"]
+    drawn = case["mask"]
+    gen = torch.Generator().manual_seed(drawn["seed"])
+    mask = torch.rand(outputs, inputs, paths, generator=gen) < drawn["density"]
+    for axis in sorted(drawn["empty"]):
+        dim = EMPTIABLE.index(axis)
+        size = mask.shape[dim]
+        if size >= 2:
+            rows = torch.randperm(size, generator=gen)[:size // 2]
+            mask.index_fill_(dim, rows, False)
+    return mask.to(device)
+
+
+def corrupt(index, seed: int):
+    """(a copy of `index` with one entry of one field changed, the field, whether the new value
+    is outside what the field addresses). Any single change breaks an invariant: a valid
+    index is the one its entries define, and every field is part of that definition."""
+    from glai_kernels.sparse.layout import _BOUNDS, _counts
+
+    rng = random.Random(seed)
+    counts = _counts(index)
+    fields = [name for name in index._fields if getattr(index, name).numel()]
+    name = rng.choice(fields)
+    kind, count = _BOUNDS[name]
+    t = getattr(index, name).clone()
+    position = rng.randrange(t.numel())
+    current = int(t[position])
+    top = counts[count] + 1 if kind == "ptr" else counts[count]  # in range: [0, top)
+    choices = [v for v in range(top) if v != current] if top <= 64 else []
+    while top > 64 and not choices:
+        v = rng.randrange(top)
+        choices = [v] if v != current else []
+    outside = not choices or rng.random() < 0.5
+    if outside:
+        value = rng.choice([-1, -rng.randint(2, 2**31 - 1), top + rng.randint(0, 2**20)])
+    else:
+        value = rng.choice(choices)
+    changed = index._asdict()
+    t[position] = value
+    changed[name] = t
+    return type(index)(**changed), name, outside

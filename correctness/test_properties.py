@@ -8,6 +8,16 @@ changes the first (and the second in proportion) for a quicker or a deeper local
 `compile` runs its cases over `COMPILE_KEYS` (shape, dtype, gradients) triples drawn from the
 run's seed, since each new one compiles a graph (fuzz.graph_keys).
 
+The sparse op (glai_kernels.sparse) has its own fuzzer below: the same cases plus a
+kept-path mask (densities from none to all, rows of outputs, inputs or paths left empty),
+every sparse backend on every device it declares (triton on CPU under its interpreter)
+against the float64 dense oracle on the masked weight, forward and every gradient; and a
+corrupted index (one entry of one field changed), which construction and a direct call of
+the custom op must refuse naming the field. `SPARSE_EXAMPLES` (500) cases per backend and
+device, 15% of them for interpreted Triton: fewer than the dense op's, since the sparse
+backends share the dense ones' arithmetic and what is new is the walk over the index,
+whose edges small shapes reach (about 30 s in all on the shared 2-core machine).
+
 The seed changes every run and is printed in pytest's header and in a failure's message;
 `GLAI_FUZZ_SEED=<seed> pytest correctness/test_properties.py` draws the same cases again. No
 example database is kept: a run's cases depend on its seed alone.
@@ -17,17 +27,36 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import zlib
 
 import pytest
 import torch
+from backends_under_test import backend_param
 from checker import check
-from fuzz import FUZZ_SEED_VAR, build, cases, cases_over, describe, fuzz_seed, graph_keys
+from fuzz import (
+    FUZZ_SEED_VAR,
+    build,
+    cases,
+    cases_over,
+    corrupt,
+    describe,
+    fuzz_seed,
+    graph_keys,
+    kept_mask,
+    sparse_cases,
+)
 from hypothesis import HealthCheck, given, seed, settings
 
 import glai_kernels
+import glai_kernels.sparse as sparse
+from glai_kernels import registry
+from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, from_dense
+from reference import abs_forward64, abs_grads64, forward64, grads64
+from reference.verdict import judge
 
 EXAMPLES = int(os.environ.get("GLAI_FUZZ_EXAMPLES", "2000"))
+SPARSE_EXAMPLES = max(1, EXAMPLES // 4)
 # Triton's interpreter pays ~10 ms per program instance, so its cases are 15% as many
 INTERPRETED_SHARE = 3 / 20
 # torch.compile compiles a graph per new dtype, gradient set, or size 0/1/equal sizes (~2 s
@@ -75,6 +104,113 @@ def test_random_cases_match_oracle(backend_device, one_thread):
                          grads=tuple(sorted(case["grads"])), given=inputs, dy=dy)
         assert not failures, (f"{name} on {device}, {describe(case)}: "
                               + "; ".join(map(str, failures)) + f" ({replay})")
+
+    one_case()
+    assert len(ran) >= wanted, f"hypothesis ran {len(ran)} cases of {wanted} ({replay})"
+
+
+def sparse_params() -> list:
+    """(sparse backend, device) for every sparse backend (or $GLAI_BACKEND's alone) on every
+    device it declares, skipped where it cannot run."""
+    chosen = os.environ.get(registry.ENV_VAR)
+    names = SPARSE_ESTIMATOR.names()
+    if chosen and chosen != registry.AUTO:
+        names = [n for n in names if n == chosen]
+    return [backend_param(n, SPARSE_ESTIMATOR.get(n), device) for n in names
+            for device in SPARSE_ESTIMATOR.get(n).devices]
+
+
+def check_sparse_case(name: str, case: dict, device: str = "cpu") -> list[str]:
+    """What of sparse.estimator on `name` misses the float64 dense oracle on the masked
+    weight, for one drawn case (empty when everything passes)."""
+    data, dy = build(case, device)
+    mask = kept_mask(case, device)
+    sw = from_dense(data.weight.detach(), mask)
+    grads = case["grads"]
+    tensors = {"x": data.x, "act": data.act, "values": sw.values, "bias": data.bias}
+    tensors = {n: t for n, t in tensors.items() if t is not None}
+    before = {n: t.detach().clone() for n, t in tensors.items()}
+    for n, t in tensors.items():
+        t.requires_grad_(n in grads or (n == "values" and "weight" in grads))
+    x, act, bias = data.x, data.act, tensors.get("bias")
+    dense = data.weight.detach().double() * mask
+    failures: list[str] = []
+
+    def compare(quantity, actual, expected, scale):
+        verdict = judge(actual, expected, scale, case["dtype"])
+        if not verdict.ok:
+            failures.append(f"{quantity}: error {verdict.error:.3g} > tolerance "
+                            f"{verdict.tolerance:.3g} {verdict.reason}")
+
+    y = sparse.estimator(x, act, sw, bias, backend=name)
+    compare("y", y, forward64(x, act, dense, bias), abs_forward64(x, act, dense, bias))
+    wanted = [n for n in tensors if tensors[n].requires_grad]
+    if wanted:
+        got = torch.autograd.grad(y, [tensors[n] for n in wanted], dy, allow_unused=True)
+        expected = grads64(dy, x, act, dense)._asdict()
+        scale = abs_grads64(dy, x, act, dense)._asdict()
+        kept = sw.entries()
+        expected["values"], scale["values"] = expected["weight"][kept], scale["weight"][kept]
+        for n, g in zip(wanted, got, strict=True):
+            compare(f"d{n}", g, expected[n], scale[n])
+    for n, t in before.items():
+        if not torch.equal(tensors[n].detach(), t):
+            failures.append(f"input {n} was modified")
+    return failures
+
+
+def check_corrupt_index(name: str, case: dict, device: str = "cpu") -> list[str]:
+    """One entry of one index field changed: SparsePathWeight refuses it naming a field (that
+    field, when the value is out of its range), and a direct call of the custom op, which
+    checks bounds alone, refuses the out-of-range ones (and a ptr array's new end or step
+    down) naming the field and runs the others without reading out of bounds."""
+    data, _ = build(case, device)
+    sw = from_dense(data.weight.detach(), kept_mask(case, device))
+    if not any(t.numel() for t in sw.index):
+        return []
+    bad, field, outside = corrupt(sw.index, case["seed"])
+    named = rf"index\.{field}\b" if outside else r"index\.\w+"
+    failures = []
+    try:
+        SparsePathWeight(sw.values.detach(), bad)
+        failures.append(f"SparsePathWeight took {field} changed")
+    except ValueError as e:
+        if not re.search(named, str(e)):
+            failures.append(f"SparsePathWeight, {field} changed: {e}")
+    x, act = data.x.contiguous(), data.act.contiguous()
+    try:
+        torch.ops.glai.sparse_estimator(x, act, sw.values.detach(), list(bad), None, name, False)
+        if outside:
+            failures.append(f"the custom op took {field} out of range")
+    except ValueError as e:  # bounds are per field: only the changed one can break them
+        if not re.search(rf"index\.{field}\b", str(e)):
+            failures.append(f"the custom op, {field} changed: {e}")
+    except RuntimeError as e:  # cpp's own check of an inconsistent index
+        if outside or "index is corrupt" not in str(e):
+            failures.append(f"the custom op, {field} changed: {e}")
+    return failures
+
+
+@pytest.mark.parametrize("sparse_backend", sparse_params())
+def test_sparse_random_cases_match_oracle(sparse_backend, one_thread):
+    name, device = sparse_backend
+    wanted = (max(1, math.ceil(SPARSE_EXAMPLES * INTERPRETED_SHARE))
+              if name == "triton" and device == "cpu" else SPARSE_EXAMPLES)
+    run_seed = (fuzz_seed() + zlib.crc32(f"sparse-{name}-{device}".encode())) % 2**32
+    replay = (f"replay: {FUZZ_SEED_VAR}={fuzz_seed()} pytest correctness/test_properties.py "
+              f"-k 'sparse and {name}-{device}'")
+    ran = []
+
+    @seed(run_seed)
+    @settings(max_examples=wanted, deadline=None, database=None, derandomize=False,
+              print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=sparse_cases)
+    def one_case(case):
+        ran.append(case)
+        failures = (check_sparse_case(name, case, device)
+                    + check_corrupt_index(name, case, device))
+        assert not failures, (f"sparse {name} on {device}, {describe(case)} mask "
+                              f"{case['mask']}: " + "; ".join(failures) + f" ({replay})")
 
     one_case()
     assert len(ran) >= wanted, f"hypothesis ran {len(ran)} cases of {wanted} ({replay})"

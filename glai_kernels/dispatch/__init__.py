@@ -17,6 +17,14 @@ A call whose key has no entry takes the nearest entry of its dtype and mode (few
 of batch plus size classes away); with no entry for its dtype and mode, no table for the
 machine kind, or a winner that cannot run here, `auto` falls back to the priorities.
 
+A table that cannot be read or parsed (truncated JSON, a field missing or of the wrong type,
+another kind of file, a newer schema, a folder in its place) is no table: `auto` warns once,
+naming the file and what is wrong with it, and falls back to the priorities.
+
+$GLAI_DISPATCH_DIR names another folder to read the tables from (your own measurements, or
+a test's), in place of the shipped one (`table_dir()`); it is read when a table is first
+needed, so a process that changes it afterwards calls `clear_cache()`.
+
 Cost: the table is read once per process and each distinct call shape is looked up once
 (`_PICKS` caches the answer), so a call pays a few dict lookups; on a machine kind without a
 table the op does not even build the call's key (`has_table`).
@@ -29,6 +37,7 @@ import json
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -38,6 +47,7 @@ import torch
 SCHEMA = 1
 KIND = "glai-kernels-dispatch-table"
 TABLE_DIR = Path(__file__).resolve().parent
+DIR_VAR = "GLAI_DISPATCH_DIR"
 MODES: tuple[str, ...] = ("forward", "both", "train")
 # distinct call shapes remembered per process before the cache starts again
 _PICKS_MAX = 4096
@@ -144,6 +154,30 @@ class Entry:
     size_class: int
     winner: str
 
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> Entry:
+        """An entry from its JSON object; ValueError naming `where` and the field for a
+        missing field or a value of the wrong type or range."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object, got {_json_type(data)}")
+        missing = [name for name in cls.__dataclass_fields__ if name not in data]
+        if missing:
+            raise ValueError(f"{where} has no {', '.join(missing)}")
+        for name in ("dtype", "mode", "winner"):
+            if not isinstance(data[name], str) or not data[name]:
+                raise ValueError(f"{where}.{name} must be a non-empty string, got "
+                                 f"{data[name]!r}")
+        if data["mode"] not in MODES:
+            raise ValueError(f"{where}.mode must be one of {', '.join(MODES)}, got "
+                             f"{data['mode']!r}")
+        for name, least in (("batch_bucket", 1), ("size_class", 0)):
+            value = data[name]
+            # bool is an int to Python, NaN a float: neither is a bucket or a size class
+            if type(value) is not int or value < least:
+                raise ValueError(f"{where}.{name} must be an integer >= {least}, got {value!r}")
+        return cls(data["dtype"], data["mode"], data["batch_bucket"], data["size_class"],
+                   data["winner"])
+
     def distance(self, bucket: int, size: int) -> tuple[float, int, int]:
         """Octaves of batch plus size classes away; ties go to the larger batch, then the
         larger size (a larger case's winner is the better-measured one)."""
@@ -187,17 +221,38 @@ class Table:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "") -> Table:
+        """A table from its JSON object; ValueError naming `source` and what is wrong for
+        anything but a well-formed table of this code's schema."""
+        where = source or "table"
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a dispatch table (a JSON {_json_type(data)}, not "
+                             f"an object)")
         if data.get("kind") != KIND:
-            raise ValueError(f"{source or 'table'}: not a dispatch table (kind "
-                             f"{data.get('kind')!r})")
-        if data.get("schema", SCHEMA) > SCHEMA:
-            raise ValueError(f"{source}: dispatch table schema {data['schema']} is newer than "
-                             f"this code's {SCHEMA}")
-        entries = tuple(Entry(str(e["dtype"]), str(e["mode"]), int(e["batch_bucket"]),
-                              int(e["size_class"]), str(e["winner"]))
-                        for e in data["entries"])
+            raise ValueError(f"{where}: not a dispatch table (kind {data.get('kind')!r})")
+        schema = data.get("schema", SCHEMA)
+        if type(schema) is not int or schema != SCHEMA:
+            raise ValueError(f"{where}: dispatch table schema {schema!r} is not this code's "
+                             f"{SCHEMA}")
+        fields = {"machine_kind": str, "op": str, "provenance": dict, "entries": list}
+        defaults = {"op": "estimator", "provenance": {}}
+        for name, kind in fields.items():
+            if name not in data and name not in defaults:
+                raise ValueError(f"{where}: the table has no {name}")
+            value = data.get(name, defaults.get(name))
+            if not isinstance(value, kind):
+                raise ValueError(f"{where}: {name} must be a JSON "
+                                 f"{_json_type(kind())}, got {_json_type(value)}")
+        entries = tuple(Entry.from_dict(e, f"{where}: entries[{k}]")
+                        for k, e in enumerate(data["entries"]))
         return cls(data["machine_kind"], data.get("op", "estimator"), entries,
                    data.get("provenance", {}), source)
+
+
+def _json_type(value: object) -> str:
+    """What JSON calls the type of a parsed value (for messages)."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def table_path(kind: str, table_dir: Path | None = None, op: str = "estimator") -> Path:
@@ -211,20 +266,37 @@ def table_path(kind: str, table_dir: Path | None = None, op: str = "estimator") 
     return (TABLE_DIR if table_dir is None else table_dir) / f"{stem}.json"
 
 
+def table_dir() -> Path:
+    """The folder the tables are read from: $GLAI_DISPATCH_DIR when set, else the shipped one
+    (`TABLE_DIR`)."""
+    chosen = os.environ.get(DIR_VAR)
+    return Path(chosen) if chosen else TABLE_DIR
+
+
 @functools.cache
 def _load(kind: str, table_dir: Path) -> Table | None:
+    """The table for `kind` in `table_dir`, None when there is none or it cannot be used
+    (then with one warning naming the file and why: cached, so once per process)."""
     path = table_path(kind, table_dir)
     if not path.exists():
         return None
-    return Table.from_dict(json.loads(path.read_text()), str(path))
+    try:
+        return Table.from_dict(json.loads(path.read_text()), str(path))
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        reason = str(e) if isinstance(e, ValueError) and str(e).startswith(str(path)) \
+            else f"{path}: {type(e).__name__}: {e}"
+        warnings.warn(f"glai_kernels ignores the dispatch table {reason}; `auto` falls back to "
+                      f"the backends' priorities", RuntimeWarning, stacklevel=2)
+        return None
 
 
 def table_for(device_type: str, threads: int | None = None,
               op: str = "estimator") -> Table | None:
-    """The shipped table of `op` for this machine kind (read once per process), None when
-    none, or when the file's "op" is another op's (it would pick another op's backends)."""
+    """The table of `op` for this machine kind in `table_dir()` (read once per process), None
+    when none, when it is broken (a warning says why), or when the file's "op" is another
+    op's (it would pick another op's backends)."""
     name = table_path(machine_kind(device_type, threads), op=op).stem
-    table = _load(name, TABLE_DIR)
+    table = _load(name, table_dir())
     return table if table is not None and table.op == op else None
 
 

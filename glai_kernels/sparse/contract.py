@@ -5,8 +5,12 @@ weight given as values [K] plus a KeptIndex (layout.py) instead of [O, I, P].
     y [B, O]
 
 The public `estimator`, the custom ops and their fakes all call `check_inputs`. It checks
-ranks, dtypes, devices and every size the index implies, never the index's contents (a
-pass over K entries per call): those are validated once, where a SparsePathWeight is built.
+ranks, dtypes, devices and every size the index implies. The index's contents are validated
+in full once, where a SparsePathWeight is built or loaded (layout.check_contents), so
+`estimator` on one pays nothing per call for them; a direct call of the custom ops, whose
+index nobody checked, gets `layout.check_bounds` (every offset and index inside what it
+addresses: one reduction per index tensor, one synchronisation), which keeps the kernels
+in bounds whatever list of tensors it is handed.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from glai_kernels.contract import SUPPORTED_DTYPES
-from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex
+from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, check_bounds
 from glai_kernels.sparse.registry import SparseShape
 
 WHO = "sparse estimator"
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # fake and functional tensors are subclasses
 
 
 def _describe(t: object) -> str:
@@ -70,6 +75,13 @@ def check_index(index: KeptIndex, device: torch.device, nnz: int) -> tuple[int, 
     return (*index.shape, groups)
 
 
+def _has_data(index: KeptIndex) -> bool:
+    """Whether the index's values can be read: plain tensors off the meta device, outside
+    torch.compile's tracing (fake tensors stand in for them there, and in the fakes)."""
+    return (not torch.compiler.is_compiling()
+            and all(type(t) in _PLAIN and t.device.type != "meta" for t in index))
+
+
 def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
                  index: Sequence[torch.Tensor], bias: torch.Tensor | None = None,
                  weight_name: str = "sw",
@@ -78,7 +90,9 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
     """Check ranks, sizes, dtypes and devices; return the call's SparseShape.
 
     `index_check` replaces `check_index` (same arguments, same result and errors): a
-    SparsePathWeight's `checked_index_sizes` remembers the result for its own index.
+    SparsePathWeight's `checked_index_sizes` remembers the result for its own index, whose
+    contents it validated. Without one (the custom ops), the index's bounds are checked too
+    (`layout.check_bounds`), where its values can be read.
 
     Raises ValueError (shapes, devices) or TypeError (dtypes, non-tensors), naming the
     argument; `weight_name` is what a message calls the kept-path weight.
@@ -104,8 +118,8 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
     # not `index_check or check_index`: torch.compile (2.11) cannot branch on a bound
     # method's truth value
     check = check_index if index_check is None else index_check
-    outputs, inputs, paths, groups = check(
-        as_index(index), x.device, values.numel())
+    kept = as_index(index)
+    outputs, inputs, paths, groups = check(kept, x.device, values.numel())
     batch = x.shape[0]
     if act.shape[0] != batch:
         raise ValueError(f"{WHO}: act must have B = {batch} rows like x (act [B, P]), "
@@ -120,4 +134,6 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
     if bias is not None and bias.shape[0] != outputs:
         raise ValueError(f"{WHO}: bias must have shape [O] = [{outputs}] ({weight_name}.shape[0]),"
                          f" got {list(bias.shape)}")
+    if index_check is None and _has_data(kept):
+        check_bounds(kept, WHO)
     return SparseShape(batch, inputs, paths, outputs, values.numel(), groups)

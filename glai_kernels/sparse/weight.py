@@ -10,7 +10,13 @@ from torch import nn
 
 from glai_kernels.contract import SUPPORTED_DTYPES
 from glai_kernels.sparse.contract import check_index
-from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, build_index, index_from_entries
+from glai_kernels.sparse.layout import (
+    INDEX_DTYPE,
+    KeptIndex,
+    build_index,
+    check_contents,
+    index_from_entries,
+)
 
 
 def _describe(t: object) -> str:
@@ -21,6 +27,10 @@ def _describe(t: object) -> str:
 
 class SparsePathWeight(nn.Module):
     """A kept-path estimator weight: `values` [K] (an nn.Parameter) and the KeptIndex buffers.
+
+    The index is validated where it enters (here and in `load_state_dict`): sizes, bounds,
+    order and every derived tensor (layout.check_contents), so an index that would send a
+    kernel out of bounds or give a wrong y is refused with an error naming its field.
 
     `shape == (O, I, P)`, `nnz == K`; `to_dense()` gives the [O, I, P] weight with zeros at
     the paths that do not exist. `.to(device)` / `.to(dtype)` move the values (and the
@@ -43,14 +53,12 @@ class SparsePathWeight(nn.Module):
         if values.numel() != index.nnz:
             raise ValueError(f"values has {values.numel()} entries but the index has "
                              f"K = {index.nnz}: values and indices must have the same length")
-        for name, t in index._asdict().items():
-            if t.dtype != INDEX_DTYPE or t.device != values.device:
-                raise ValueError(f"index tensor {name} must be int32 on {values.device}, got "
-                                 f"{_describe(t)}")
+        _check_index_tensors(index, values.device, "SparsePathWeight")
         self.values = nn.Parameter(values.detach().clone().contiguous(),
                                    requires_grad=requires_grad)
         for name, t in index._asdict().items():
             self.register_buffer(name, t)
+        self._remember_checked(values.device)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, mask: torch.Tensor) -> SparsePathWeight:
@@ -108,19 +116,27 @@ class SparsePathWeight(nn.Module):
 
     def checked_index_sizes(self, index: KeptIndex, device: torch.device, nnz: int
                             ) -> tuple[int, int, int, int]:
-        """`contract.check_index(index, device, nnz)` ((O, I, P, G), or its error), remembered
-        while `index` holds the same tensor objects of the same sizes: the ten tensors'
-        checks cost ≈ 40 µs per call otherwise."""
-        # ids, not the tensors (a tuple compares elements with ==); the cache holds the
-        # tensors themselves, so no id can be reused by another tensor while it is cached
-        key = (device, nnz, tuple(map(id, index)),
-               tuple(t.shape if isinstance(t, torch.Tensor) else None for t in index))
+        """`contract.check_index(index, device, nnz)` ((O, I, P, G), or its error) and
+        `layout.check_contents(index)`, remembered while `index` holds the same tensor
+        objects of the same sizes, unedited: the ten tensors' checks cost ≈ 40 µs per call
+        otherwise, the contents' a pass over K. Construction validates and remembers them, so
+        only a buffer replaced (`sw.inputs = t`), edited in place or loaded into since is
+        checked again here."""
+        key = _check_key(index, device, nnz)
         cached = self.__dict__.get("_checked_index")
         if cached is not None and cached[0] == key:
             return cached[1]
         sizes = check_index(index, device, key[1])
+        check_contents(index, "SparsePathWeight")
         self.__dict__["_checked_index"] = (key, sizes, tuple(index))
         return sizes
+
+    def _remember_checked(self, device: torch.device) -> None:
+        """Record this module's own index (validated by the caller) as checked for values on
+        `device`, so the first call does not validate it again."""
+        index = self.index
+        key = _check_key(index, device, self.values.numel())
+        self.__dict__["_checked_index"] = (key, (*index.shape, index.groups), tuple(index))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -160,6 +176,16 @@ class SparsePathWeight(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args,
                               **kwargs) -> None:
+        # The index this would load (each field from the state dict, else the current one) is
+        # validated before anything is copied: a refused state dict leaves the module as it was.
+        fields = {name: state_dict.get(prefix + name, getattr(self, name))
+                  for name in ("values", *KeptIndex._fields)}
+        if all(isinstance(t, torch.Tensor) for t in fields.values()):
+            # converted as loading will convert them (copy_ into the int32 buffers)
+            incoming = KeptIndex(*(fields[name].to(self.values.device, INDEX_DTYPE)
+                                   for name in KeptIndex._fields))
+            _check_index_tensors(incoming, self.values.device, "load_state_dict",
+                                 fields["values"].numel())
         # A state dict of another K (or shape) replaces the tensors' sizes before loading.
         for name in ("values", *KeptIndex._fields):
             incoming = state_dict.get(prefix + name)
@@ -177,6 +203,32 @@ class SparsePathWeight(nn.Module):
         total = out_count * in_count * path_count
         return (f"shape=({out_count}, {in_count}, {path_count}), nnz={self.nnz} "
                 f"({100 * self.nnz / max(total, 1):.3g}%), dtype={self.dtype}")
+
+
+def _check_key(index: KeptIndex, device: torch.device, nnz: int) -> tuple:
+    # ids, not the tensors (a tuple compares elements with ==); the cache holds the tensors
+    # themselves, so no id can be reused by another tensor while it is cached. The version
+    # counters (≈ 0.6 µs for ten) make an in-place edit of a buffer (`sw.inputs[0] = 7`)
+    # a miss, checked again; inference tensors keep none.
+    try:
+        versions = tuple(t._version for t in index)
+    except (AttributeError, RuntimeError):
+        versions = None
+    return (device, nnz, tuple(map(id, index)), versions,
+            tuple(t.shape if isinstance(t, torch.Tensor) else None for t in index))
+
+
+def _check_index_tensors(index: KeptIndex, device: torch.device, who: str,
+                         nnz: int | None = None) -> None:
+    """Every field int32 on `device`, their sizes agreeing with values [K = nnz] (K = the
+    index's own when None), and the contents valid (layout.check_contents); else ValueError
+    naming the field."""
+    for name, t in index._asdict().items():
+        if not isinstance(t, torch.Tensor) or t.dtype != INDEX_DTYPE or t.device != device:
+            raise ValueError(f"{who}: index tensor {name} must be int32 on {device}, got "
+                             f"{_describe(t)}")
+    check_index(index, device, index.nnz if nnz is None else nnz)
+    check_contents(index, who)
 
 
 def from_dense(weight: torch.Tensor, mask: torch.Tensor) -> SparsePathWeight:
