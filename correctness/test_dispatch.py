@@ -129,8 +129,8 @@ def test_call_mode():
 def test_machine_kind_extends_the_gates():
     # the gate's baselines are kept per "cpu-<N>core-<vendor family model>"; a dispatch table
     # adds the instruction set and the thread bucket
-    from bench.harness import provenance
     from bench.gate.store import machine_kind
+    from bench.harness import provenance
 
     gate = machine_kind(provenance.collect(torch.device("cpu")))
     kind = dispatch.machine_kind("cpu", threads=3)
