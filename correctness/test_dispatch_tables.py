@@ -11,24 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from spy_backends import spy_backend
 
 import glai_kernels
 from glai_kernels import dispatch, registry
 
 
 @pytest.fixture
-def spies(monkeypatch):
-    """spy_high outranks spy_low by priority; every table below names spy_low, so a run on
-    spy_high is the priorities' pick."""
-    calls: list[str] = []
+def spies(spy_calls, monkeypatch):
+    """spy_high outranks spy_low by priority (conftest.py's spy_calls); every table below
+    names spy_low, so a run on spy_high is the priorities' pick."""
     monkeypatch.delenv("GLAI_BACKEND", raising=False)
-    registry.register(spy_backend("spy_low", 1_000, calls))
-    registry.register(spy_backend("spy_high", 2_000, calls))
-    yield calls
-    registry.unregister("spy_low")
-    registry.unregister("spy_high")
-    dispatch.clear_cache()
+    return spy_calls
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """`python -m glai_kernels`: print every backend's availability and the auto choice, for the
-dense op and the sparse kept-path op, and which dispatch table and rule the dense op's auto
-follows on this machine."""
+dense op and the sparse kept-path op, and which dispatch table (this machine kind's, or the
+nearest measured kind's) and rule each op's auto follows on this machine."""
 
 import torch
 
@@ -27,18 +27,25 @@ def _report(title: str, reg: registry.Registry, device_types: list[str]) -> None
                   f"by priority: {chosen}")
 
 
-def _dispatch(device_type: str) -> None:
-    """The table auto consults on `device_type` and the rule it follows for a few calls."""
+def _dispatch(device_type: str, reg: registry.Registry) -> None:
+    """The table `reg`'s auto consults on `device_type` (this machine kind's, or the nearest
+    measured kind's) and the rule it follows for a few calls."""
     kind = dispatch.machine_kind(device_type)
-    table = dispatch.table_for(device_type)
+    table = dispatch.table_for(device_type, op=reg.op)
     if table is None:
-        print(f"  {device_type}: no dispatch table for machine kind {kind} (looked for "
-              f"{dispatch.table_path(kind)}): auto follows the priorities above")
+        print(f"  {device_type}: no {reg.op} dispatch table for machine kind {kind} nor a "
+              f"near one (looked for {dispatch.table_path(kind, op=reg.op)}): auto follows "
+              f"the priorities above")
         return
     prov = table.provenance
     print(f"  {device_type}: dispatch table {table.source} ({len(table.entries)} entries; "
           f"measured by `{prov.get('command', '?')}`, preset {prov.get('preset', '?')}, "
           f"commit {str(prov.get('commit', '?'))[:12]}, {prov.get('date', '?')})")
+    if table.stand_in_for:
+        shared = "instruction set and vendor" if _same_vendor(table, kind) else "instruction set"
+        print(f"    measured on {table.machine_kind}, the nearest measured kind to this "
+              f"machine's {kind} (same {shared}); `nox -s bench` measures and installs this "
+              f"machine's own")
     head = PAPER_HEADS[_SHOWN_HEAD]
     for dtype in glai_kernels.SUPPORTED_DTYPES:
         for batch in _SHOWN_BATCHES:
@@ -46,12 +53,17 @@ def _dispatch(device_type: str) -> None:
                 shape = head.shape(batch)
                 call = dispatch.Call(mode, batch, shape.inputs, shape.paths, shape.outputs)
                 try:
-                    chosen = registry.pick_auto(device_type, dtype, call).name
+                    chosen = reg.pick_auto(device_type, dtype, call).name
                 except RuntimeError as error:
                     chosen = f"none ({error})"
                 print(f"    {str(dtype).removeprefix('torch.'):8s} {mode:7s} {_SHOWN_HEAD} "
                       f"B={batch:<4d} -> {chosen:7s} by "
-                      f"{registry.auto_rule(device_type, dtype, call)}")
+                      f"{reg.auto_rule(device_type, dtype, call)}")
+
+
+def _same_vendor(table: dispatch.Table, kind: str) -> bool:
+    theirs, mine = dispatch.kinds.parse(table.machine_kind), dispatch.kinds.parse(kind)
+    return theirs is not None and mine is not None and theirs.vendor == mine.vendor
 
 
 def main() -> None:
@@ -61,9 +73,13 @@ def main() -> None:
     print("  auto with a call's mode and shape (estimator calls): the measured dispatch table "
           "where this machine kind has one, else the priorities")
     for device_type in device_types:
-        _dispatch(device_type)
+        _dispatch(device_type, registry.ESTIMATOR)
     _report("sparse kept-path estimator (glai_kernels.sparse.estimator):",
             sparse.SPARSE_ESTIMATOR, device_types)
+    print("  auto with a call's mode and shape: the sparse op's own measured table "
+          "(<machine kind>.sparse_estimator.json) where there is one, else the priorities")
+    for device_type in device_types:
+        _dispatch(device_type, sparse.SPARSE_ESTIMATOR)
     print("  pruned heads take the sparse layout at a kept fraction of at most: "
           + ", ".join(f"{d} {f:.0%}" for d, f in SPARSE_CROSSOVER.items())
           + " (other devices: dense); glai_kernels.glai.prune(layout=...) forces either")

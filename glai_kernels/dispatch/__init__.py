@@ -14,8 +14,14 @@ current machine:
     size class     ceil(log2(O * I * P)), the weight's elements       (`size_class`)
 
 A call whose key has no entry takes the nearest entry of its dtype and mode (fewest octaves
-of batch plus size classes away); with no entry for its dtype and mode, no table for the
-machine kind, or a winner that cannot run here, `auto` falls back to the priorities.
+of batch plus size classes away). A machine kind with no table of its own takes the table of
+the nearest measured kind (same instruction set and vendor, then same instruction set;
+`kinds.py`), and says so (`Table.stand_in_for`, `python -m glai_kernels`); with no entry for
+its dtype and mode, no table of its kind or a near one, or a winner that cannot run here,
+`auto` falls back to the priorities.
+
+The dense op's table is `<machine kind>.json`; another op's is `<machine kind>.<op>.json`
+(the sparse op's: `<machine kind>.sparse_estimator.json`).
 
 A table that cannot be read or parsed (truncated JSON, a field missing or of the wrong type,
 another kind of file, a newer schema, a folder in its place) is no table: `auto` warns once,
@@ -38,11 +44,13 @@ import math
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from glai_kernels.dispatch import kinds
 
 SCHEMA = 1
 KIND = "glai-kernels-dispatch-table"
@@ -194,6 +202,8 @@ class Table:
     entries: tuple[Entry, ...]
     provenance: dict
     source: str = ""
+    # the machine kind this table stands in for when it is the nearest measured one (kinds.py)
+    stand_in_for: str = ""
 
     @functools.cached_property
     def _by_key(self) -> dict[tuple[str, str], list[Entry]]:
@@ -290,14 +300,54 @@ def _load(kind: str, table_dir: Path) -> Table | None:
         return None
 
 
+def _table_of(kind: str, op: str, directory: Path) -> Table | None:
+    """`op`'s table for exactly `kind` in `directory`, None when none, when it is broken (a
+    warning says why), or when the file's "op" is another op's (it would pick another op's
+    backends)."""
+    table = _load(table_path(kind, op=op).stem, directory)
+    return table if table is not None and table.op == op else None
+
+
+def measured_kinds(op: str = "estimator", directory: Path | None = None) -> list[str]:
+    """The machine kinds with a table file of `op` in `directory` (default `table_dir()`)."""
+    directory = table_dir() if directory is None else directory
+    suffix = "" if op == "estimator" else f".{op}"
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        stem = path.stem
+        if suffix:
+            if not stem.endswith(suffix):
+                continue
+            stem = stem[: -len(suffix)]
+        if kinds.parse(stem) is not None:  # another op's file does not parse as a kind
+            found.append(stem)
+    return found
+
+
+@functools.cache
+def _nearest_table(kind: str, op: str, directory: Path) -> Table | None:
+    """The usable table of the nearest measured kind to `kind` (kinds.py), marked as standing
+    in for it; a broken one is passed over (its warning given) for the next nearest."""
+    candidates = measured_kinds(op, directory)
+    while candidates:
+        other = kinds.nearest(kind, candidates)
+        if other is None:
+            return None
+        table = _table_of(other, op, directory)
+        if table is not None:
+            return replace(table, stand_in_for=kind)
+        candidates.remove(other)
+    return None
+
+
 def table_for(device_type: str, threads: int | None = None,
               op: str = "estimator") -> Table | None:
-    """The table of `op` for this machine kind in `table_dir()` (read once per process), None
-    when none, when it is broken (a warning says why), or when the file's "op" is another
-    op's (it would pick another op's backends)."""
-    name = table_path(machine_kind(device_type, threads), op=op).stem
-    table = _load(name, table_dir())
-    return table if table is not None and table.op == op else None
+    """The table of `op` for this machine kind in `table_dir()` (read once per process): its
+    own, else the nearest measured kind's (`Table.stand_in_for` then names this kind), else
+    None."""
+    kind = machine_kind(device_type, threads)
+    directory = table_dir()
+    return _table_of(kind, op, directory) or _nearest_table(kind, op, directory)
 
 
 _PICKS: dict[tuple, tuple[str | None, str]] = {}
@@ -341,6 +391,8 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
     else:
         entry = table.lookup(_dtype_name(dtype), call)
         name = Path(table.source).name or table.machine_kind
+        if table.stand_in_for:
+            name += f" (the nearest measured kind to {table.stand_in_for})"
         answer = ((None, f"{name} has no cell for {_dtype_name(dtype)} {call.mode}")
                   if entry is None else
                   (entry.winner, f"{name}: cell {entry.dtype} {entry.mode} B<="
@@ -354,5 +406,6 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
 def clear_cache() -> None:
     """Forget the tables read and the picks made (tests swap TABLE_DIR)."""
     _load.cache_clear()
+    _nearest_table.cache_clear()
     _PICKS.clear()
     _HAS_TABLE.clear()
