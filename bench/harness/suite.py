@@ -160,20 +160,23 @@ def write_reports(table: pd.DataFrame, meta: dict, out_dir: Path, install_dispat
                   plots: bool = True, kind: str | None = None) -> list[Path]:
     """A run's files in `out_dir`: its dispatch table (for machine kind `kind`, this machine's
     by default; copied into glai_kernels/dispatch/ with `install_dispatch`), results.csv and
-    .json, plots/ and summary.md. Records the table's evaluation in meta["dispatch"]."""
+    .json, plots/ and summary.md. Records each table's evaluation in meta["dispatch"] (the
+    dense op's) and meta["sparse_dispatch"] (the sparse op's, from the kept-fraction sweep)."""
     from bench.harness import dispatch_table
     from bench.reporting import summary
 
     written: list[Path] = []
-    built = dispatch_table.build(table, meta, kind)
-    if built is not None:
+    for op, key in dispatch_table.META_KEYS.items():
+        built = dispatch_table.build(table, meta, kind, op=op)
+        if built is None:  # no case of this op serves auto (the sparse op: no kept sweep)
+            continue
         dispatch, evaluation = built
         path = dispatch_table.write(dispatch, out_dir)
-        meta["dispatch"] = {**evaluation, "file": f"dispatch/{path.name}"}
+        meta[key] = {**evaluation, "file": f"dispatch/{path.name}"}
         written.append(path)
         if install_dispatch:
             installed = dispatch_table.install(path)
-            meta["dispatch"]["installed"] = str(installed.relative_to(installed.parents[2]))
+            meta[key]["installed"] = str(installed.relative_to(installed.parents[2]))
             written.append(installed)
     written.extend(results.write(table, out_dir, meta))
     if plots:

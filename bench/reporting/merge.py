@@ -132,6 +132,7 @@ def merge(runs: list[tuple[pd.DataFrame, dict]],
         raise ValueError(f"merge: the runs' dispatch tables name several machine kinds: "
                          f"{sorted(kinds)}")
     meta.pop("dispatch", None)
+    meta.pop("sparse_dispatch", None)
     meta["machine_kind"] = kinds.pop() if kinds else None
     return table, meta
 

@@ -208,6 +208,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
     from bench.harness import dispatch_table
 
     lines += dispatch_table.markdown(meta)
+    lines += dispatch_table.markdown(meta, dispatch_table.SPARSE)
     lines += kept_lines
     wrong = df[df["status"] == "wrong"].drop_duplicates(
         ["backend", "batch", "inputs", "paths", "outputs", "dtype", "pass",

@@ -90,3 +90,72 @@ def test_the_priority_rule_is_judged_among_the_backends_timed_at_each_case():
     _, ev = dispatch_table.build(df, _meta())
     top = max(("cpp", "torch"), key=lambda n: registry.get(n).auto_priority["cpu"])
     assert ev["priorities"] == {"within": {"cpp": 1, "torch": 2}[top], "cases": 2}
+
+
+def _kept_row(backend: str, pass_: str, mu: float, ms: float, batch: int = 16) -> dict:
+    return {**_row(backend, batch, ms, pass_=pass_), "sweep": "kept_fraction", "mu": mu}
+
+
+@pytest.fixture
+def sparse_built():
+    rows = [
+        # the step at two kept fractions of one shape: one cell; torch wins one by 3x and
+        # loses the other by 10%, so torch wins the cell (geometric-mean slowdowns: torch
+        # sqrt(1.1), cpp sqrt(3))
+        _kept_row("sparse:cpp", "step", 0.05, 3.0), _kept_row("sparse:torch", "step", 0.05, 1.0),
+        _kept_row("sparse:cpp", "step", 0.25, 2.0), _kept_row("sparse:torch", "step", 0.25, 2.2),
+        _kept_row("sparse:cpp", "forward", 0.05, 1.0),
+        _kept_row("sparse:torch", "forward", 0.05, 2.0),
+        # the dense op and the MLP timed beside them in the sweep: no sparse candidate
+        _kept_row("cpp", "step", 0.05, 0.1), _kept_row("mlp", "step", 0.05, 0.1),
+        _row("torch", 16, 1.0),  # a heads-sweep row of the dense op
+    ]
+    df = results.table(rows, Ceilings({"float32": 1e11}, 1e10), {})
+    return dispatch_table.build(df, _meta(), op=dispatch_table.SPARSE)
+
+
+def test_the_sparse_table_comes_from_the_kept_sweep(sparse_built):
+    table, ev = sparse_built
+    assert table["op"] == "sparse_estimator"
+    cells = {(e["mode"], e["batch_bucket"]): e for e in table["entries"]}
+    assert set(cells) == {("train", 16), ("forward", 16)}  # "step" serves the train mode
+    assert cells[("train", 16)]["winner"] == "torch" and cells[("train", 16)]["cases"] == 2
+    assert cells[("forward", 16)]["winner"] == "cpp"
+    assert {e["winner"] for e in table["entries"]} <= set(
+        dispatch_table.candidates("cpu", dispatch_table.SPARSE))
+    assert ev["op"] == "sparse_estimator" and ev["table"]["cases"] == 3
+    # the dense table of the same rows sees only the heads-sweep row
+    dense, _ = dispatch_table.build(results.table(
+        [_kept_row("sparse:cpp", "step", 0.05, 3.0), _row("torch", 16, 1.0)],
+        Ceilings({"float32": 1e11}, 1e10), {}), _meta())
+    assert [e["winner"] for e in dense["entries"]] == ["torch"]
+
+
+def test_the_sparse_op_follows_the_written_table(sparse_built, tmp_path, monkeypatch):
+    table, ev = sparse_built
+    path = dispatch_table.write(table, tmp_path)
+    assert path.name == f"{table['machine_kind']}.sparse_estimator.json"
+    lines = "\n".join(dispatch_table.markdown({"sparse_dispatch": {**ev, "file": path.name}},
+                                              dispatch_table.SPARSE))
+    assert "## the sparse op's auto: the measured dispatch table" in lines
+    import torch
+
+    from glai_kernels import sparse
+    from glai_kernels.sparse import op as sparse_op
+
+    monkeypatch.delenv("GLAI_BACKEND", raising=False)
+    monkeypatch.setenv(dispatch.DIR_VAR, str(path.parent))
+    monkeypatch.setattr(dispatch, "machine_kind", lambda *_a, **_k: table["machine_kind"])
+    dispatch.clear_cache()
+    try:
+        weight = torch.randn(37, 384, 256)
+        sw = sparse.from_dense(weight, torch.rand(weight.shape) < 0.05)
+        x, act = torch.randn(16, 384), torch.rand(16, 256)
+        sw.values.requires_grad_(True)
+        call = sparse_op.auto_call(x, act, sw, None)
+        assert call[0] == "train"
+        picked = sparse_op.resolve(None, x.device, x.dtype, call).name
+        top = sparse.SPARSE_ESTIMATOR.pick_by_priority("cpu", torch.float32).name
+        assert picked == "torch", top  # the table's winner, whatever the priorities say
+    finally:
+        dispatch.clear_cache()
