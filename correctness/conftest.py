@@ -6,7 +6,7 @@ same command runs everything on a GPU machine. `GLAI_BACKEND=name pytest correct
 restricts the backend-parametrised tests to that backend.
 
 The repository's root conftest.py turns on Triton's interpreter on a machine without CUDA
-(it must be chosen before glai_kernels is imported, which bench/conftest.py may do first).
+(it must be chosen before glai_kernels is imported, which bench/tests/conftest.py may do first).
 """
 
 from __future__ import annotations

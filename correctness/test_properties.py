@@ -75,7 +75,7 @@ def examples(name: str, device: str) -> int:
 def one_thread():
     """One torch thread for the run: each case is small, and on a shared 2-core machine the
     oracle's two-thread BLAS calls wait for a core (60 ms instead of 0.1 ms measured). The
-    C++ kernels' results do not depend on the thread count (test_extension.py checks it)."""
+    C++ kernels' results do not depend on the thread count (test_extension_kernels.py checks it)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

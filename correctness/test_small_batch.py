@@ -2,11 +2,12 @@
 ones do.
 
 - `estimator()` under no_grad runs the forward's body without the custom op (glai_kernels/
-  op.py, `_direct_forward`): same result bits, same checks, and still refuses an aliasing output;
-- with gradients, eager calls on plain tensors record a Function (`_EagerEstimator`) instead of
-  the custom op's autograd, or the backend's own node (`Backend.eager`: cpp's C++ node,
-  csrc/eager_autograd.cpp): the same output and gradient bits, double backward included, for
-  every dtype, every subset of gradients, with and without bias;
+  calls.py, `direct_forward`): same result bits, same checks, and still refuses an aliasing output;
+- with gradients, eager calls on plain tensors record a Function (`op._EagerEstimator`, a
+  `calls.EagerFunction`) instead of the custom op's autograd, or the backend's own node
+  (`Backend.eager`: cpp's C++ node, csrc/eager_autograd.cpp): the same output and gradient
+  bits, double backward included, for every dtype, every subset of gradients, with and
+  without bias;
 - the cpp dx kernel's two small-batch forms, taken when B fits one vector: with AVX-512 and a
   weight within the CPU vendor's bound (4 MiB on Intel, 16 MiB on AMD; measured, csrc/cpu/
   kernels.h), dot products along s (tiles of 4 rows of b by 6 of i, the weight

@@ -1,7 +1,7 @@
 """The CPU's physical ceilings, measured by native microbenchmarks (glai_kernels/csrc/cpu/peak.cpp).
 
-The library `glai_peak` is built just in time like glai_ext (`glai_kernels.extension`: the same
-compiler, flags and cache root, in a directory of its own per source hash), but apart from it:
+The library `glai_peak` is built just in time like glai_ext (`glai_kernels.extension_build`: the
+same compiler, flags and cache root, in a directory of its own per source hash), but apart from it:
 a failed build here leaves the kernels alone and makes `load()` return the reason, which the
 ceilings then carry as their label (the fallback is the library GEMM's rate, flagged).
 

@@ -4,7 +4,8 @@ Adding a backend means adding one file here that calls `glai_kernels.registry.re
 (its launchers named `<backend>_forward` / `<backend>_backward`); a module whose optional
 dependency is missing still registers, reporting why it is unavailable, so
 `glai_kernels.backends()` can say so. Code that is not a backend lives outside this package:
-glai_kernels/extension.py builds and loads the C++/CUDA library that `cpp` and `cuda` run.
+glai_kernels/extension_build.py builds and loads the C++/CUDA library that `cpp` and `cuda`
+run, and glai_kernels/extension.py wraps its ops.
 """
 
 import importlib

@@ -1,5 +1,5 @@
 """`cpp`: the glai_ext extension's CPU kernels (glai_kernels/csrc/cpu; built or loaded by
-glai_kernels/extension.py on first need).
+glai_kernels/extension_build.py on first need, its ops wrapped by extension.py).
 
 Fused, cache-blocked, vectorised kernels, runtime-dispatched between AVX-512 (with
 AVX512_BF16 kernels for bfloat16), AVX2 and a portable build. The forward keeps

@@ -98,14 +98,14 @@ def thread_bucket(threads: int) -> int:
 
 
 def _slug(text: str) -> str:
-    # as bench/history.py's slug, which names reports/baseline/<machine kind>.json
+    # as bench/reporting/history.py's slug, which names reports/baseline/<machine kind>.json
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "unknown"
 
 
 @functools.cache
 def cpu_id() -> str:
-    """"AuthenticAMD family 26 model 2" from /proc/cpuinfo (bench.provenance records it too):
-    the brand string alone does not tell CPU generations apart."""
+    """"AuthenticAMD family 26 model 2" from /proc/cpuinfo (bench.harness.provenance records it
+    too): the brand string alone does not tell CPU generations apart."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:

@@ -1,6 +1,6 @@
 // The glai_peak operator library: microbenchmarks of what this CPU can physically do, the
-// ceilings bench/ceilings.py judges the kernels against. Not part of glai_ext (built apart by
-// bench/native_peak.py, so a failed build here never touches the kernels).
+// ceilings bench/harness/ceilings.py judges the kernels against. Not part of glai_ext (built apart by
+// bench/harness/native_peak.py, so a failed build here never touches the kernels).
 //
 //   glai_peak::supports(str isa) -> bool        "avx512f", "avx2" (with FMA), "avx512bf16",
 //       "avx512fp16", "amx_bf16" (the CPU has the tiles and the OS granted their state)

@@ -1,5 +1,5 @@
 // The CUDA kernels' C interface: raw pointers, sizes and a stream, no torch headers, so plain
-// nvcc compiles estimator_kernels.cu anywhere (bench/check_cuda.py, `glai-bench check-cuda`, does, for sm_80 and sm_90).
+// nvcc compiles estimator_kernels.cu anywhere (bench/tools/check_cuda.py, `glai-bench check-cuda`, does, for sm_80 and sm_90).
 //
 // Each product of the estimator is one GEMM  C[m, n] = sum_k A(m, k) B(k, n)  whose Khatri-Rao
 // operand (x ⊗ act, dy ⊗ act or dy ⊗ x) is formed tile by tile in shared memory, never stored:

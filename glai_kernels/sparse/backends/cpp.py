@@ -1,7 +1,7 @@
 """`cpp` (sparse): fused CPU kernels over the kept-path layout, in the glai_ext extension.
 
 The ops `glai_ext::sparse_forward` and `glai_ext::sparse_backward` (glai_kernels/csrc/
-sparse_binding.cpp, kernels in csrc/cpu/sparse_kernels.inc) are built with the dense `cpp`
+cpu/cpu_sparse_binding.cpp, kernels in csrc/cpu/sparse_kernels.inc) are built with the dense `cpp`
 backend's extension and share its run-time choice of instruction set (AVX-512, AVX2 or
 portable; $GLAI_KERNELS_CPU_ISA or `torch.ops.glai_ext.cpu_isa(name)` force one). The batch
 runs on the vector lanes: x, act and dy are transposed once per call to [rows, ld] (ld = B
@@ -29,7 +29,7 @@ chunk by chunk of groups (what FusedSparseStep calls). `torch.ops.glai_ext.spars
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
-`python -m bench.sparse_cpp_timing`.
+`glai-bench sparse-cpp-timing`.
 """
 
 from __future__ import annotations

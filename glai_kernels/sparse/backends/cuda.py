@@ -1,7 +1,7 @@
 """`cuda` (sparse): fused CUDA kernels over the kept-path layout, in the glai_ext extension.
 
 The ops `glai_ext::sparse_forward` / `glai_ext::sparse_backward` (schemas in
-glai_kernels/csrc/sparse_schema.h, CUDA implementation in csrc/cuda/sparse_cuda_binding.cpp,
+glai_kernels/csrc/schema.cpp, CUDA implementation in csrc/cuda/cuda_sparse_binding.cpp,
 kernels in csrc/cuda/sparse_kernels.cu) walk the layout directly (layout.py):
 
     forward   a block per (output, batch tile): its rows split the output's (o, s) groups,
@@ -15,7 +15,7 @@ Threads run over the batch, so x, act and dy are transposed to [rows, B] first (
 elements); the kept group sums are saved as Zg^T [G, B] (float32 for half inputs) when act
 needs a gradient. Every result is the same bits from run to run.
 
-Built with the dense `cuda` backend's extension (glai_kernels/extension.py): available
+Built with the dense `cuda` backend's extension (glai_kernels/extension_build.py): available
 where torch has CUDA, nvcc exists and a GPU is present; elsewhere unavailable with the reason.
 """
 

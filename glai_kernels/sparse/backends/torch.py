@@ -16,7 +16,7 @@ Backward, with A[g, b] = dy[b, o_g] act[b, s_g] ([G, B]):
 Everything runs in the transposed [rows, B] form (B contiguous per row) and in float32 for
 half inputs. Of the pure-PyTorch forms measured (gather + index_add, gather + segment_reduce,
 this), this was the fastest at both paper shapes and both batches: bench/NOTES.md,
-"Sparse kept-path estimator"; `python -m bench.sparse_torch_candidates` reruns the comparison.
+"Sparse kept-path estimator"; `glai-bench sparse-torch-candidates` reruns the comparison.
 """
 
 from __future__ import annotations
