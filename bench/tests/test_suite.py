@@ -413,14 +413,24 @@ def test_the_run_writes_its_dispatch_table(tiny_run):
     from glai_kernels import dispatch
 
     output, out_dir = tiny_run
-    tables = list((out_dir / "dispatch").glob("*.json"))
-    assert [p.name for p in tables] == [f"{dispatch.machine_kind('cpu')}.json"]
+    kind = dispatch.machine_kind("cpu")
+    tables = sorted((out_dir / "dispatch").glob("*.json"))
+    # the dense op's table, and the sparse op's from the kept-fraction sweep
+    assert [p.name for p in tables] == [f"{kind}.json", f"{kind}.sparse_estimator.json"]
     table = dispatch.Table.from_dict(json.loads(tables[0].read_text()))
     # FAST runs einsum (never an auto candidate) and torch: torch wins every cell
     assert table.entries and {e.winner for e in table.entries} == {"torch"}
     assert table.provenance["preset"] == "tiny"
     assert output.meta["dispatch"]["table"]["cases"] > 0
-    assert "## auto: the measured dispatch table" in (out_dir / "summary.md").read_text()
+    summary = (out_dir / "summary.md").read_text()
+    assert "## auto: the measured dispatch table" in summary
+    # the kept sweep ran sparse:torch alone: it wins the sparse op's every cell
+    sparse_table = dispatch.Table.from_dict(json.loads(tables[1].read_text()))
+    assert sparse_table.op == "sparse_estimator"
+    assert {e.winner for e in sparse_table.entries} == {"torch"}
+    assert {e.mode for e in sparse_table.entries} <= {"forward", "train"}
+    assert output.meta["sparse_dispatch"]["table"]["cases"] > 0
+    assert "## the sparse op's auto: the measured dispatch table" in summary
 
 
 def test_every_chart_is_written_and_not_blank(tiny_run):
