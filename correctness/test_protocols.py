@@ -1,0 +1,123 @@
+"""The pipeline's two protocols (glai/protocol.py; /work/shared/SPEC.md §6): the engineered
+steps compute the ordinary steps' updates (so both protocols share one training run per model
+and differ only in the cost per epoch), and the reports carry both."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from glai_models import random_mlp
+
+from glai_kernels.glai import from_mlp, make_optimizer, prune
+from glai_kernels.glai.episodes import FewShot
+from glai_kernels.glai.mlp import make_mlp
+from glai_kernels.glai.mlp_step import HandFusedMLPStep, compiled_mlp_step
+from glai_kernels.glai.tasks import Classification, Contrastive
+from glai_kernels.glai.training import EarlyStopping, fit, training_step
+
+STEPS = 4
+
+
+def _tasks() -> dict:
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(40, 12, generator=gen), torch.randint(0, 5, (40,), generator=gen)
+    return {"classification": Classification(x, y, x[:8], y[:8], batch_size=10),
+            "contrastive": Contrastive(x, x[:8], batch_size=10, temperature=0.07),
+            "few-shot": FewShot(x, y, x, y, way=3, shot=2, query=2, episodes=STEPS,
+                                val_episodes=2, seed=0)}
+
+
+def _models(dropout: float) -> dict:
+    torch.manual_seed(3)
+    linear = torch.nn.Sequential(*([torch.nn.Dropout(dropout)] if dropout else []),
+                                 torch.nn.Linear(12, 5))
+    return {"mlp": make_mlp((12, 16, 5), dropout=dropout),
+            "two hidden": make_mlp((12, 16, 8, 5), dropout=dropout), "linear": linear}
+
+
+def _train(model, task, make_step) -> torch.nn.Module:
+    """STEPS steps of SGD (fused, weight decay) by make_step(model, optimizer), same seeds."""
+    optimizer = make_optimizer("sgd", model.parameters(), lr=0.1, weight_decay=1e-2)
+    step = make_step(model, optimizer)
+    torch.manual_seed(11)  # dropout's random numbers
+    for batch in list(task.batches(torch.Generator().manual_seed(2)))[:STEPS]:
+        step(batch)
+    return model
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module, exact: bool) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        if exact:
+            assert torch.equal(p, q), name
+        else:  # the weight gradient's product in another order: rounding only
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("task_name", ["classification", "contrastive", "few-shot"])
+def test_the_hand_fused_mlp_step_is_the_ordinary_step(task_name, dropout):
+    task = _tasks()[task_name]
+    for name, model in _models(dropout).items():
+        twin = copy.deepcopy(model)
+        ordinary = _train(model, task, lambda m, o: training_step(m, task, o, fused=False))
+
+        def hand(m, o):
+            stepper = HandFusedMLPStep(m, o)
+            return lambda batch: stepper.step(lambda stand_in: task.loss(stand_in, batch))
+        _same(ordinary, _train(twin, task, hand), exact=False)
+        assert all(p.grad is None for p in twin.parameters()), name
+
+
+def test_the_hand_fused_step_takes_any_optimizer_and_refuses_other_models():
+    task = _tasks()["classification"]
+    model = make_mlp((12, 16, 5))
+    twin = copy.deepcopy(model)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batch = next(iter(task.batches(torch.Generator().manual_seed(0))))
+    task.loss(model, batch).backward()
+    adam.step()
+    stepper = HandFusedMLPStep(twin, torch.optim.Adam(twin.parameters(), lr=1e-2))
+    stepper.step(lambda stand_in: task.loss(stand_in, batch))
+    _same(model, twin, exact=False)
+    with pytest.raises(ValueError, match="model must be"):
+        HandFusedMLPStep(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh()), adam)
+    with pytest.raises(ValueError, match="optimizer must step exactly"):
+        HandFusedMLPStep(make_mlp((3, 4, 2)), adam)
+
+
+def test_the_compiled_mlp_step_is_the_ordinary_step():
+    pytest.importorskip("torch._inductor")
+    task = _tasks()["contrastive"]  # dropout's random numbers too
+    model = make_mlp((12, 16, 5), dropout=0.3)
+    twin = copy.deepcopy(model)
+    ordinary = _train(model, task, lambda m, o: training_step(m, task, o, fused=False))
+    try:
+        compiled = _train(twin, task, lambda m, o: compiled_mlp_step(m, task, o))
+    except Exception as error:  # no C++ compiler for inductor here
+        if "compil" in str(error).lower():
+            pytest.skip(f"torch.compile unavailable: {error}")
+        raise
+    _same(ordinary, compiled, exact=False)
+
+
+def test_the_fused_sparse_step_trains_as_the_ordinary_loop():
+    # the pipeline trains a sparse estimator once (fused step, Adam inside the cpp kernel)
+    # and prices its epochs in both protocols: the same epochs and values to rounding
+    mlp = random_mlp((11, 14, 5), seed=3, dtype=torch.float32)
+    omega = torch.randn(64, 11, generator=torch.Generator().manual_seed(1))
+    head = prune(from_mlp(mlp), omega, mu=0.3, layout="sparse").head.train()
+    twin = copy.deepcopy(head)
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(48, 11, generator=gen), torch.randint(0, 5, (48,), generator=gen)
+    task = Classification(x, y, x[:16], y[:16], batch_size=16)
+    results = []
+    for model, fused in ((head, True), (twin, False)):
+        optimizer = make_optimizer("adam", model.parameters(), lr=1e-2, weight_decay=0.1)
+        results.append(fit(model, task, optimizer, max_epochs=3, early=EarlyStopping(2, 0.1),
+                           seed=0, fused_step=fused))
+    assert results[0].fused_step and not results[1].fused_step
+    assert results[0].epochs == results[1].epochs and results[0].scores == results[1].scores
+    _same(head, twin, exact=False)
+
