@@ -94,7 +94,7 @@ def test_the_compiled_mlp_step_is_the_ordinary_step():
     twin = copy.deepcopy(model)
     ordinary = _train(model, task, lambda m, o: training_step(m, task, o, fused=False))
     try:
-        compiled = _train(twin, task, lambda m, o: compiled_mlp_step(m, task, o))
+        compiled = _train(twin, task, lambda m, o: compiled_mlp_step(m, task.loss, o))
     except Exception as error:  # no C++ compiler for inductor here
         if "compil" in str(error).lower():
             pytest.skip(f"torch.compile unavailable: {error}")
@@ -121,3 +121,61 @@ def test_the_fused_sparse_step_trains_as_the_ordinary_loop():
     assert results[0].epochs == results[1].epochs and results[0].scores == results[1].scores
     _same(head, twin, exact=False)
 
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    from bench.pipeline.runner import run_preset
+
+    out = tmp_path_factory.mktemp("quick")
+    return run_preset("quick", out, heads=["A1", "B1"], seeds=1, device="cpu",
+                      progress=False, jobs=1), out
+
+
+def test_the_quick_preset_writes_both_protocols(quick_run):
+    import pandas as pd
+
+    _, out = quick_run
+    for name in ("table3", "wilcoxon"):
+        for suffix in ("", "_engineered"):
+            table = pd.read_csv(out / f"{name}{suffix}.csv")
+            assert set(table["exp" if name == "table3" else "comparison"]) and len(table) > 0
+    assert (out / "figure5_engineered.png").read_bytes()[:4] == b"\x89PNG"
+    readme = (out / "README.md").read_text()
+    paper = readme.index("## Headline (paper protocol)")
+    engineered = readme.index("## Engineered protocol")
+    assert paper < engineered  # the headline first
+    assert "**Paper protocol (the headline)**" in readme
+    assert "**Engineered protocol**" in readme
+    assert "Which engineered step each MLP took" in readme
+    assert "## Table 3 analogue, engineered protocol" in readme
+    assert "## Wilcoxon tests, paper protocol (the headline)" in readme
+    assert "Paper protocol (the headline)" in (out / "table3.md").read_text()
+    assert "Engineered protocol" in (out / "table3_engineered.md").read_text()
+
+
+def test_each_record_is_priced_by_both_protocols(quick_run):
+    from bench.pipeline.report import protocol_records
+
+    records, _ = quick_run
+    for r in records:
+        e = r["engineered"]
+        # the same epochs, each protocol's own cost per epoch
+        assert r["time"] == pytest.approx(r["epochs"] * r["epoch_cost"]) or r[
+            "model"].startswith("GLAI")
+        assert set(e["step_costs"]) and e["step"] == min(e["step_costs"],
+                                                         key=e["step_costs"].get)
+        if r["model"].startswith("GLAI"):
+            assert e["step"] == ("fused" if r["layout"] == "sparse" else "ordinary")
+            assert e["t_reduced"] + e["t_convert"] + e["t_estimator"] == pytest.approx(
+                e["time"])
+            assert e["t_estimator"] == pytest.approx(r["estimator_epochs"] * e["epoch_cost"])
+        else:
+            assert set(e["step_costs"]) == {"hand-fused"}  # quick: no torch.compile
+            assert e["time"] == pytest.approx(r["epochs"] * e["epoch_cost"])
+        assert r["trained_by"] == ("fused" if r.get("fused_step") else "ordinary")
+    engineered = protocol_records(records, "engineered")
+    assert [r["epochs"] for r in engineered] == [r["epochs"] for r in records]
+    assert protocol_records([{"model": "MLP"}], "engineered") == []
+    with pytest.raises(ValueError, match="protocol must be"):
+        protocol_records(records, "other")

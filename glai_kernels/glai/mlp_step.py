@@ -18,7 +18,7 @@ and dropout's backward as autograd computes them, and the update is torch's own
 `optimizer.step()` on the gradients for any other optimizer. The values equal the ordinary
 step's to rounding (the weight gradient's product is taken in another order).
 
-`compiled_mlp_step(model, task, optimizer)`: `torch.compile` of the forward and the loss
+`compiled_mlp_step(model, task.loss, optimizer)`: `torch.compile` of the forward and the loss
 (backward through the compiled graph), torch's fused optimizer step; dropout draws eager's
 random numbers (`fallback_random`), so it too equals the ordinary step to rounding.
 """
@@ -142,13 +142,12 @@ class HandFusedMLPStep:
                                       nesterov=False, maximize=False, is_first_step=False)
 
 
-def compiled_mlp_step(model: nn.Module, task, optimizer: torch.optim.Optimizer
-                      ) -> Callable[[object], None]:
-    """step(batch): `task`'s loss of `model` through `torch.compile` (forward and loss;
-    backward through the compiled graph; eager's random numbers for dropout), then the
-    optimizer's own (fused) step. The first calls compile (seconds): warm it up untimed."""
-    loss_of = torch.compile(lambda batch: task.loss(model, batch),
-                            options={"fallback_random": True})
+def compiled_mlp_step(model: nn.Module, loss: Callable[[nn.Module, object], torch.Tensor],
+                      optimizer: torch.optim.Optimizer) -> Callable[[object], None]:
+    """step(batch): loss(model, batch) (a task's `loss`) through `torch.compile` (forward
+    and loss; backward through the compiled graph; eager's random numbers for dropout), then
+    the optimizer's own (fused) step. The first calls compile (seconds): warm it up untimed."""
+    loss_of = torch.compile(lambda batch: loss(model, batch), options={"fallback_random": True})
 
     def step(batch) -> None:
         loss_of(batch).backward()
