@@ -179,3 +179,18 @@ def test_each_record_is_priced_by_both_protocols(quick_run):
     assert protocol_records([{"model": "MLP"}], "engineered") == []
     with pytest.raises(ValueError, match="protocol must be"):
         protocol_records(records, "other")
+
+
+def test_compare_reads_either_protocol(quick_run, capsys):
+    from bench.pipeline.compare import compare, main
+
+    _, out = quick_run
+    results = out / "results.json"
+    paper, engineered = compare(results, results), compare(results, results,
+                                                           protocol="engineered")
+    assert paper.agrees.all() and engineered.agrees.all()
+    # the same training runs, each protocol's own prices
+    assert (paper["epochs A"] == engineered["epochs A"]).all()
+    assert not (paper["speedup A"] == engineered["speedup A"]).all()
+    assert main([str(results), str(results), "--protocol", "engineered"]) == 0
+    assert "PASS" in capsys.readouterr().out
