@@ -66,7 +66,10 @@ class FitResult:
 
 
 def make_optimizer(kind: str, params, *, lr: float, weight_decay: float):
-    """SGD (the MLPs) or Adam (the estimator), fused kernels where this torch has them."""
+    """SGD (the MLPs) or Adam (the estimator), fused kernels where this torch has them (torch
+    2.13 on CPU: SGD, Adam, AdamW and Adagrad take fused=True). Fused is also the fastest
+    ordinary GLAI step measured (issue 41, A1 at B = 16: foreach Adam 1.41x the step with
+    fused Adam, single-tensor 1.24x; zero_grad(set_to_none=False) 1.09x)."""
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[kind]
     params = list(params)
     try:
