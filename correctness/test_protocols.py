@@ -194,3 +194,19 @@ def test_compare_reads_either_protocol(quick_run, capsys):
     assert not (paper["speedup A"] == engineered["speedup A"]).all()
     assert main([str(results), str(results), "--protocol", "engineered"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+def test_the_step_study_times_both_protocols_steps_and_the_pieces():
+    from bench.studies.sparse_train_step import _cells, _pieces_line, head_steps, ordinary_pieces
+
+    steps, what = head_steps("A1", compiled=False)
+    assert {"MLP", "GLAI", "GLAI fused", "MLP hand-fused"} <= set(steps) and "K = " in what
+    for step in steps.values():
+        step()
+    line = _cells("cpu", {name: 1e-3 for name in steps})
+    assert "paper ratio 1.00x" in line and "engineered ratio (fused / hand-fused) 1.00x" in line
+    pieces = ordinary_pieces("A1")
+    for piece in pieces.values():
+        piece()
+    seconds = dict.fromkeys(pieces, 1e-5) | {"step": 4e-5}
+    assert "Adam's Python wrapper 0.0 (0%)" in _pieces_line("A1", seconds)
