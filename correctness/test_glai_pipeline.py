@@ -29,7 +29,8 @@ TINY = (tiny("A1", 24, 16, 6), tiny("B1", 20, 16, 8), tiny("C1", 16, 12, 5))
 TINY_PRESET = Preset(
     "test", TINY, (0, 1, 2),
     Protocol(max_epochs=4, max_epochs_b=3, max_epochs_c=4, patience_cap=2, reference_size=64,
-             episodes_per_epoch=3, val_episodes=4, timing_repeats=3, probe_steps=4),
+             episodes_per_epoch=3, val_episodes=4, timing_repeats=3, probe_steps=4,
+             compile_mlp=False),  # torch.compile's step: correctness/test_protocols.py
     {"A": {"train": 64, "val": 48, "test": 16}, "B": {"train": 48, "val": 32, "test": 16},
      "C": {"per_class": 12}},
     {"C1-tiny": ("synthetic", "digits")})  # digits' few-shot episodes are few: cheap

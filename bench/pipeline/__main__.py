@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(default: on CPU one per core / threads, on CUDA 1); the records "
                              "do not depend on it, only the wall clock does")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave torch.compile out of the engineered protocol's MLP step "
+                             "candidates (the hand-fused step alone)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     files = {}
@@ -39,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         files[head] = pathlib.Path(path)
     run_preset(args.preset, args.out, heads=args.heads.split(",") if args.heads else None,
                seeds=args.seeds, data_files=files, switch=args.switch, device=args.device,
-               progress=not args.no_progress, threads=args.threads or None, jobs=args.jobs)
+               progress=not args.no_progress, threads=args.threads or None, jobs=args.jobs,
+               compile_mlp=False if args.no_compile else None)
 
 
 if __name__ == "__main__":

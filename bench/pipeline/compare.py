@@ -8,7 +8,8 @@ The epochs per seed must match too (training is deterministic): a mismatch is re
 it means the runs did not train the same models. Beside it, per row, the components of the
 headline in both runs (`components`): the MLP's and the model's least-disturbed cost per
 epoch, their ratio, and GLAI's conversion time, each with its relative difference, to find
-which one moved when a head disagrees.
+which one moved when a head disagrees. `--protocol engineered` compares the engineered
+protocol's prices instead of the paper protocol's (the headline; bench/pipeline/report.py).
 """
 
 from __future__ import annotations
@@ -20,13 +21,21 @@ import sys
 
 import pandas as pd
 
-from bench.pipeline.report import _frame
+from bench.pipeline.report import _frame, protocol_records
 
 
-def headline(path: pathlib.Path) -> pd.DataFrame:
+def _priced(path: pathlib.Path, protocol: str) -> pd.DataFrame:
+    records = protocol_records(json.loads(pathlib.Path(path).read_text())["records"], protocol)
+    if not records:
+        raise ValueError(f"{path} has no {protocol} protocol's costs (an older run?)")
+    return _frame(records)
+
+
+def headline(path: pathlib.Path, protocol: str = "paper") -> pd.DataFrame:
     """Per (data, head, model) of the GLAI rows: mean headline, robust wall, raw wall and raw
-    CPU speedup and the epochs per seed (a tuple), from one results.json."""
-    frame = _frame(json.loads(pathlib.Path(path).read_text())["records"])
+    CPU speedup and the epochs per seed (a tuple), from one results.json, as `protocol`
+    prices them."""
+    frame = _priced(path, protocol)
     glai = frame[frame.model.str.startswith("GLAI")]
     return glai.groupby(["data", "head", "model"], sort=False).agg(
         speedup=("speedup", "mean"), robust_wall=("robust_wall_speedup", "mean"),
@@ -34,8 +43,8 @@ def headline(path: pathlib.Path) -> pd.DataFrame:
         epochs=("epochs_total", tuple))
 
 
-def _components(path: pathlib.Path) -> pd.DataFrame:
-    frame = _frame(json.loads(pathlib.Path(path).read_text())["records"])
+def _components(path: pathlib.Path, protocol: str = "paper") -> pd.DataFrame:
+    frame = _priced(path, protocol)
     frame["mlp_cost"] = frame["epoch_cost"] / frame["cost_ratio"]
     glai = frame[frame.model.str.startswith("GLAI")]
     return glai.groupby(["data", "head", "model"], sort=False).agg(
@@ -43,10 +52,10 @@ def _components(path: pathlib.Path) -> pd.DataFrame:
         cost_ratio=("cost_ratio", "mean"), convert=("t_convert", "mean"))
 
 
-def components(a: pathlib.Path, b: pathlib.Path) -> pd.DataFrame:
+def components(a: pathlib.Path, b: pathlib.Path, protocol: str = "paper") -> pd.DataFrame:
     """Per (data, head, GLAI row) in both runs: the headline's components (mean over seeds)
     in run A, run B and their relative difference |a − b| / min(a, b)."""
-    left, right = _components(a), _components(b)
+    left, right = _components(a, protocol), _components(b, protocol)
     both = left.add_suffix(" A").join(right.add_suffix(" B"), how="inner")
     for measure in left.columns:
         x, y = both[f"{measure} A"], both[f"{measure} B"]
@@ -54,10 +63,11 @@ def components(a: pathlib.Path, b: pathlib.Path) -> pd.DataFrame:
     return both
 
 
-def compare(a: pathlib.Path, b: pathlib.Path, tolerance: float = 0.15) -> pd.DataFrame:
+def compare(a: pathlib.Path, b: pathlib.Path, tolerance: float = 0.15,
+            protocol: str = "paper") -> pd.DataFrame:
     """One row per (data, head, model) in both runs, with each measure's relative difference
     (|a − b| / min(a, b)), whether the headline agrees and whether the epochs match."""
-    left, right = headline(a), headline(b)
+    left, right = headline(a, protocol), headline(b, protocol)
     both = left.add_suffix(" A").join(right.add_suffix(" B"), how="inner")
     for measure in ("speedup", "robust_wall", "wall", "cpu"):
         x, y = both[f"{measure} A"], both[f"{measure} B"]
@@ -73,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", type=pathlib.Path)
     parser.add_argument("b", type=pathlib.Path)
     parser.add_argument("--tolerance", type=float, default=0.15)
+    parser.add_argument("--protocol", choices=("paper", "engineered"), default="paper")
     args = parser.parse_args(argv)
-    table = compare(args.a, args.b, args.tolerance)
+    table = compare(args.a, args.b, args.tolerance, args.protocol)
     if table.empty:
         print("no (data, head, GLAI row) in common")
         return 1
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                    "cpu diff", "agrees", "same epochs"]]
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(shown.to_string())
-        parts = components(args.a, args.b)
+        parts = components(args.a, args.b, args.protocol)
         print("\ncomponents (seconds on the headline clock, mean over seeds):")
         print(parts[[f"{m} {k}" for m in ("mlp_cost", "model_cost", "cost_ratio", "convert")
                      for k in ("A", "B", "diff")]].to_string())

@@ -2,7 +2,8 @@
 
   quick    CI-sized (a minute or two on a 2-core CPU): the six heads at their real sizes,
            3 seeds, tiny synthetic data, epochs capped at 3 and patience at 2, no structured
-           variant, short cost probes. Checks the machinery, measures nothing.
+           variant, short cost probes, no torch.compile'd MLP step (the engineered protocol's
+           MLPs take the hand-fused step). Checks the machinery, measures nothing.
   default  what `nox -s bench` runs: the six heads at real sizes on synthetic data, 2 seeds,
            early stopping decides (epoch caps 150 (A: the A1 MLP was still improving at 60),
            300 (B: B1 seed 1's MLP needs 282 epochs to meet the paper's min delta of 1e-5 on
@@ -48,7 +49,7 @@ PRESETS = {
         "quick", ALL, (0, 1, 2),
         Protocol(max_epochs=3, max_epochs_b=2, max_epochs_c=3, patience_cap=2, reference_size=256,
                  episodes_per_epoch=5, val_episodes=5, structured=False, timing_repeats=2,
-                 probe_steps=4),
+                 probe_steps=4, compile_mlp=False),
         {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 32, "val": 32, "test": 32},
          "C": {"per_class": 16}}),
     "default": Preset(

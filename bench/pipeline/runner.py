@@ -201,10 +201,11 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
                seeds: int | None = None, data_files: dict | None = None,
                switch: str | None = None, device: str | None = None,
                progress: bool = True, threads: int | None = 1,
-               jobs: int | None = None) -> list[dict]:
+               jobs: int | None = None, compile_mlp: bool | None = None) -> list[dict]:
     """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
     threads); `switch` "fixed", "auto" or "both" (the default: both, side by side); `jobs`
-    units at once (None: `default_jobs`)."""
+    units at once (None: `default_jobs`); `compile_mlp` False leaves torch.compile out of
+    the engineered MLP step's candidates (None: the preset's choice)."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -220,7 +221,9 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
     if switch is not None and switch not in switches:
         raise ValueError(f"switch must be one of {sorted(switches)}, got {switch!r}")
     protocol = dataclasses.replace(preset.protocol, device=device,
-                                   **({"switches": switches[switch]} if switch else {}))
+                                   **({"switches": switches[switch]} if switch else {}),
+                                   **({} if compile_mlp is None else
+                                      {"compile_mlp": compile_mlp}))
     preset = dataclasses.replace(preset, protocol=protocol)
     if jobs is None:
         jobs = default_jobs(device, threads)

@@ -21,6 +21,21 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              same head.
   GLAI fused, torch Adam   the same with `kernel_adam=False` (torch's `_fused_adam_`: the
              ordinary step's arithmetic bit for bit), on another copy.
+  MLP hand-fused   the MLP step engineered as GLAI's fused step is (glai/mlp_step.py's
+             `HandFusedMLPStep`: no autograd over the MLP or torch.optim's wrapper, torch's
+             `_fused_sgd_`), on a copy of the MLP.
+  MLP compiled     `torch.compile` of the MLP's forward and loss, backward through the
+             compiled graph, the fused SGD step (`compiled_mlp_step`), on another copy
+             (`--no-compile` leaves it out).
+The ratios the issue 41 targets read: the paper protocol's (ordinary GLAI / ordinary MLP) and
+the engineered protocol's (GLAI fused / the faster engineered MLP step).
+
+`--pieces` times instead where the ordinary GLAI step's time goes (`ordinary_pieces`), the
+pieces interleaved as the steps are, on the CPU clock: the step; the head's forward with and
+without autograd and its selector alone; forward + loss + backward; the loss and its backward
+alone (on a leaf y); torch.optim's Adam step and torch's `_fused_adam_` kernel alone. Derived:
+the backward through the estimator's autograd node, the optimizer's Python wrapper, the
+recording of the autograd graph, and what is left of the step (the pieces' interaction).
 Timed by the suite's CPU timer (`bench.harness.timing.time_interleaved`): each sample is one
 block of steps lasting about 20 ms, the repeats are its rounds with the steps interleaved, and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
@@ -44,6 +59,7 @@ from bench.harness.timing import time_interleaved, warm
 from glai_kernels.glai import make_optimizer, match, paper_training, prune
 from glai_kernels.glai.fused_step import FusedSparseStep
 from glai_kernels.glai.mlp import make_mlp
+from glai_kernels.glai.mlp_step import HandFusedMLPStep, compiled_mlp_step
 from glai_kernels.paper_heads import PAPER_HEADS
 
 # seconds of steps per sample (one timing block)
@@ -67,10 +83,14 @@ def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: t
     return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
 
 
-def head_steps(name: str, backend: str = "cpp", batch: int | None = None
-               ) -> tuple[dict[str, Callable[[], None]], str]:
-    """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step}, a
-    description) for paper head `name`."""
+def _squared_error(target: torch.Tensor) -> Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]:
+    return lambda model, x: (model(x) - target).square().mean()
+
+
+def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
+               compiled: bool = True) -> tuple[dict[str, Callable[[], None]], str]:
+    """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step,
+    "MLP hand-fused": step[, "MLP compiled": step]}, a description) for paper head `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
     torch.manual_seed(0)
     original = make_mlp((spec.n0, spec.n1, spec.n2))
@@ -84,16 +104,91 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None
     def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
         return make_optimizer("adam", [p for p in model.parameters() if p.requires_grad],
                               lr=settings.lr, weight_decay=settings.glai_weight_decay)
+    def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return make_optimizer("sgd", model.parameters(), lr=settings.lr,
+                              weight_decay=settings.mlp_weight_decay)
+    hand, twin = copy.deepcopy(original), copy.deepcopy(original)
+    hand_step, loss = HandFusedMLPStep(hand, sgd(hand)), _squared_error(target)
     steps = {
-        "MLP": _stepper(original, make_optimizer("sgd", original.parameters(), lr=settings.lr,
-                                                 weight_decay=settings.mlp_weight_decay),
-                        x, target),
+        "MLP": _stepper(original, sgd(original), x, target),
         "GLAI": _stepper(head, adam(head), x, target),
         "GLAI fused": _fused_stepper(fused, adam(fused), x, target),
         "GLAI fused, torch Adam": _fused_stepper(fused_torch, adam(fused_torch), x, target,
                                                  kernel_adam=False),
+        "MLP hand-fused": lambda: hand_step.step(lambda model: loss(model, x)),
     }
+    if compiled:
+        compiled_step = compiled_mlp_step(twin, loss, sgd(twin))
+        steps["MLP compiled"] = lambda: compiled_step(x)
     return steps, f"B = {batch}, K = {head.path_count()}, μ = {budget.mu:.2%}"
+
+
+def ordinary_pieces(name: str, backend: str = "cpp", batch: int | None = None
+                    ) -> dict[str, Callable[[], None]]:
+    """The pieces of paper head `name`'s ordinary GLAI step (module docstring, `--pieces`),
+    each a callable."""
+    spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
+    torch.manual_seed(0)
+    _, head, budget = match(make_mlp((spec.n0, spec.n1, spec.n2)), spec.rho)
+    head = prune(head, torch.randn(256, spec.n0), keep=budget.keep, layout="sparse").head
+    head.backend = backend
+    head.train()
+    batch = batch or settings.batch_size
+    x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
+    params = [p for p in head.parameters() if p.requires_grad]
+    adam = make_optimizer("adam", params, lr=settings.lr, weight_decay=settings.glai_weight_decay)
+    step = _stepper(head, adam, x, target)
+    step()  # the optimizer's state exists from here on
+    (head(x) - target).square().mean().backward()
+    grads = [p.grad.detach().clone() for p in params]
+    adam.zero_grad(set_to_none=True)
+    group, states = adam.param_groups[0], [adam.state[p] for p in params]
+    leaf = torch.randn(batch, spec.n2)
+
+    def forward_no_autograd() -> None:
+        with torch.no_grad():
+            head(x)
+
+    def forward_loss_backward() -> None:
+        for p in params:
+            p.grad = None
+        (head(x) - target).square().mean().backward()
+
+    def loss_backward() -> None:
+        (leaf.clone().requires_grad_() - target).square().mean().backward()
+
+    def adam_step() -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        adam.step()
+
+    def adam_kernel() -> None:
+        beta1, beta2 = group["betas"]
+        torch._fused_adam_(params, grads, [s["exp_avg"] for s in states],
+                           [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states],
+                           amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                           weight_decay=group["weight_decay"], eps=group["eps"],
+                           maximize=False)
+    return {"step": step, "forward": lambda: head(x), "forward, no autograd": forward_no_autograd,
+            "selector": lambda: head.selector(x), "forward+loss+backward": forward_loss_backward,
+            "loss+backward alone": loss_backward, "Adam step": adam_step,
+            "Adam kernel alone": adam_kernel}
+
+
+def _pieces_line(name: str, t: dict[str, float]) -> str:
+    """The pieces and the derived shares of the ordinary step, in µs and % of the step."""
+    derived = {
+        "backward through the estimator's node": (t["forward+loss+backward"] - t["forward"]
+                                                  - t["loss+backward alone"]),
+        "Adam's Python wrapper": t["Adam step"] - t["Adam kernel alone"],
+        "autograd recording in the forward": t["forward"] - t["forward, no autograd"],
+        "rest (the pieces' interaction)": (t["step"] - t["forward+loss+backward"]
+                                           - t["Adam step"]),
+    }
+    cells = [f"{k} {1e6 * v:.1f}" for k, v in t.items()]
+    shares = [f"{k} {1e6 * v:.1f} ({100 * v / t['step']:.0f}%)" for k, v in derived.items()]
+    return f"{name} pieces (µs, CPU clock): " + ", ".join(cells) + "; derived: " + ", ".join(
+        shares)
 
 
 def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats: int,
@@ -122,16 +217,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--backend", default="cpp")
+    parser.add_argument("--pieces", action="store_true",
+                        help="time the pieces of the ordinary GLAI step instead")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out the torch.compile'd MLP step (it compiles per head)")
     parser.add_argument("--batch", type=int,
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
-          f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step")
+          f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step; the "
+          f"paper protocol's ratio (ordinary / ordinary) and the engineered one's (GLAI fused "
+          f"/ the faster of the hand-fused and compiled MLP steps)")
     clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
+    if args.pieces:
+        for name in args.heads:
+            timed = best_steps(ordinary_pieces(name, args.backend, args.batch), [1],
+                               args.repeats, time.thread_time)
+            print(_pieces_line(name, {piece: s for (piece, _), s in timed.items()}),
+                  flush=True)
+        return 0
     for name in args.heads:
-        steps, what = head_steps(name, args.backend, args.batch)
+        steps, what = head_steps(name, args.backend, args.batch, not args.no_compile)
         best = {(model, n, c): seconds for c, clock in clocks.items()
                 for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
                                                       clock).items()}
@@ -150,9 +258,14 @@ def main(argv: list[str] | None = None) -> int:
 def _cells(clock: str, best: dict[str, float]) -> str:
     mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
     torch_adam = best["GLAI fused, torch Adam"]
+    engineered = {m: best[m] for m in ("MLP hand-fused", "MLP compiled") if m in best}
+    winner = min(engineered, key=engineered.get)
+    others = "".join(f", {m[4:]} {1e3 * s:.3f} ms" for m, s in engineered.items())
     return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "
             f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x), fused with torch's Adam "
-            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x)")
+            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x); MLP engineered{others}: "
+            f"paper ratio {glai / mlp:.2f}x, engineered ratio (fused / {winner[4:]}) "
+            f"{fused / engineered[winner]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,22 @@ repeats'); `time` is the one on the headline clock (`headline_clock`: process CP
 a CPU device, wall on an accelerator). For GLAI `time` = t_reduced + t_convert +
 t_estimator and `seconds` = wall_reduced + wall_convert + wall_estimator. `capped` says the
 run stopped on the epoch cap, not on early stopping.
+
+Two protocols (/work/shared/SPEC.md §6, "Comparing like with like"), priced from the same
+training runs: training is deterministic and each protocol's steps compute the same updates
+(to rounding; correctness/test_protocols.py), so they share every model's epochs and differ
+only in the cost per epoch, each measured by its own interleaved probes:
+  paper       (the headline; the record's own `time`, `epoch_cost`, ...): every model in
+              the ordinary loop, `loss.backward()` and a fused torch.optim optimizer, the
+              op's kernels inside autograd;
+  engineered  (`record["engineered"]`, the same fields): every model with the fastest step
+              this project gives it: a sparse GLAI estimator by `FusedSparseStep`; the MLPs
+              and the linear head by the faster of a hand-fused step and a `torch.compile`d
+              one (`Protocol.compile_mlp`), both measured in the same probes (the loser's
+              cost is kept in `step_costs`); a dense GLAI head has no engineered step and
+              keeps the ordinary one.
+Which step trained a model: `trained_by` ("fused" for a sparse estimator with
+`Protocol.fused_step`, else "ordinary").
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ from glai_kernels.glai.convergence import StructureMonitor, fixed_reduced_epochs
 from glai_kernels.glai.convert import from_mlp
 from glai_kernels.glai.embeddings import EmbeddingSplits
 from glai_kernels.glai.episodes import FewShot
+from glai_kernels.glai.fused_step import supported as fused_supported
 from glai_kernels.glai.matching import count_parameters, path_budget
 from glai_kernels.glai.mlp import make_mlp, reduce_mlp
 from glai_kernels.glai.paper_training import paper_training
@@ -75,7 +92,9 @@ class Protocol:
     timing_repeats: int = 3  # interleaved rounds of the cost probes (glai/timing.py)
     probe_steps: int = 64  # optimizer steps per training probe (scaled to an epoch)
     clock: str = "auto"  # headline clock: "wall", "cpu", or "auto" (cpu on a CPU device)
-    fused_step: bool = True  # sparse GLAI estimators train by glai/fused_step.py (bit-identical)
+    fused_step: bool = True  # sparse GLAI estimators train by glai/fused_step.py (to rounding)
+    engineered: bool = True  # also price every model's epochs with its engineered step
+    compile_mlp: bool = True  # engineered MLP candidates include a torch.compile'd step
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -150,7 +169,8 @@ def run_baseline(name: str, model: nn.Module, head: PaperHead, data: EmbeddingSp
     result = fit(model, task, optimizer, max_epochs=protocol.epoch_cap(head),
                  early=protocol.early_stopping(head), seed=seed, after_epoch=after_epoch)
     extra = {"m_history": list(monitor.history)} if monitor is not None else {}
-    return _record(head, data, seed, name, result, params=count_parameters(model), **extra)
+    return _record(head, data, seed, name, result, params=count_parameters(model),
+                   trained_by="ordinary", **extra)
 
 
 def _conversion(model: str) -> str:
@@ -251,6 +271,7 @@ def run_glai(head: PaperHead, data: EmbeddingSplits, task: Task, protocol: Proto
                 paths=model.paths, layout=model.layout,
                 initial_score=initial, backend=model.backend_used, switch=switch,
                 fused_step=result.fused_step,
+                trained_by="fused" if result.fused_step else "ordinary",
                 m_history=list(monitor.history))
             record["capped"] = result.capped or record["reduced_capped"]
             run.records.append(record)
@@ -264,20 +285,40 @@ def _timed(device: torch.device, fn):
     return box[0], wall, cpu
 
 
+ENGINEERED = " engineered: "  # a probe "<model> engineered: <step kind>"
+
+
+def _engineered_kinds(name: str, model: nn.Module, optimizer, protocol: Protocol
+                      ) -> tuple[str, ...]:
+    """The engineered step kinds to try for one model (module docstring)."""
+    if name.startswith("GLAI"):
+        return ("fused",) if fused_supported(model, optimizer) else ("ordinary",)
+    return ("hand-fused", "compiled") if protocol.compile_mlp else ("hand-fused",)
+
+
 def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
                   models: dict[str, nn.Module], glai: GLAIRun,
                   device: torch.device) -> dict[str, dict[str, Cost]]:
-    """Every model's cost per epoch, each conversion and one m_t observation, measured by
-    interleaved probes (glai_kernels/glai/timing.py) after all training of this seed."""
+    """Every model's cost per epoch in the paper protocol (probe "<model>": the ordinary
+    step) and, with `protocol.engineered`, in the engineered one (probes "<model>
+    engineered: <kind>", one per candidate step), each conversion and one m_t observation,
+    all measured by interleaved probes (glai_kernels/glai/timing.py) after all training of
+    this seed."""
     settings = paper_training(head)
     probes = {}
     for name, model in {**models, **glai.estimators}.items():
         kind = "adam" if name.startswith("GLAI") else "sgd"
         decay = settings.glai_weight_decay if kind == "adam" else settings.mlp_weight_decay
-        optimizer = make_optimizer(kind, model.parameters(), lr=settings.lr,
-                                   weight_decay=decay)
-        probes[name] = training_probe(model, task, optimizer, steps=protocol.probe_steps,
-                                      seed=seed + 7, fused_step=protocol.fused_step)
+
+        def optimizer(model=model, kind=kind, decay=decay):
+            return make_optimizer(kind, model.parameters(), lr=settings.lr, weight_decay=decay)
+        probes[name] = training_probe(model, task, optimizer(), steps=protocol.probe_steps,
+                                      seed=seed + 7, kind="ordinary")
+        if protocol.engineered:
+            for step in _engineered_kinds(name, model, optimizer(), protocol):
+                probes[f"{name}{ENGINEERED}{step}"] = training_probe(
+                    model, task, optimizer(), steps=protocol.probe_steps, seed=seed + 7,
+                    kind=step)
     for variant, convert in glai.conversions.items():
         probes[f"convert {variant}"] = once_probe(device, convert, "once")
     if "auto" in protocol.switches and glai.reduced is not None:
@@ -285,6 +326,23 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
         watcher.observe(glai.reduced)  # the first observation has no m_t: untimed
         probes["m_t"] = once_probe(device, lambda: watcher.observe(glai.reduced), "once")
     return interleaved(probes, protocol.timing_repeats)
+
+
+def engineered_view(costs: dict[str, dict[str, Cost]], clock_name: str
+                    ) -> tuple[dict[str, dict[str, Cost]], dict[str, dict[str, float]]]:
+    """The engineered protocol's costs under the paper's names ("MLP", "GLAI", ...: each
+    model's fastest candidate step on `clock_name`, by its least-disturbed epoch cost; the
+    conversions and m_t as measured), and {model: {step kind: that epoch cost}}, every
+    candidate's."""
+    view = {name: parts for name, parts in costs.items() if ENGINEERED not in name}
+    candidates: dict[str, dict[str, float]] = {}
+    for name, parts in costs.items():
+        if ENGINEERED in name:
+            model, kind = name.split(ENGINEERED)
+            candidates.setdefault(model, {})[kind] = parts["epoch"].on(clock_name).seconds
+    for model, kinds in candidates.items():
+        view[model] = costs[f"{model}{ENGINEERED}{min(kinds, key=kinds.get)}"]
+    return view, candidates
 
 
 def _phases(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str) -> tuple:
@@ -309,33 +367,48 @@ def headline_clock(protocol: Protocol) -> str:
     return "cpu" if torch.device(protocol.device).type == "cpu" else "wall"
 
 
+def _times(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str,
+           mlp_epoch: float) -> dict:
+    """One protocol's fields of a record (see `apply_costs`) from that protocol's costs."""
+    model = record["model"]
+    raw = costs[model]["epoch"]
+    epoch = raw.on(clock_name)
+    fields = dict(clock=clock_name, epoch_cost=epoch.seconds, epoch_cost_wall=raw.seconds,
+                  epoch_cost_cpu=raw.cpu_seconds, epoch_cost_low=epoch.low,
+                  epoch_cost_median=epoch.median, epoch_cost_high=epoch.high,
+                  epoch_cost_spread=epoch.spread, cost_samples=list(epoch.samples))
+    if not model.startswith("GLAI"):
+        fields.update(time=record["epochs"] * epoch.seconds,
+                      time_wall=record["epochs"] * raw.seconds,
+                      time_cpu=record["epochs"] * raw.cpu_seconds)
+        return fields
+    for name in ("wall", "cpu"):
+        fields[f"time_{name}"] = sum(_phases(record, costs, name))
+    reduced, convert, estimator = _phases(record, costs, clock_name)
+    fields.update(t_reduced=reduced, t_convert=convert, t_estimator=estimator,
+                  time=reduced + convert + estimator, cost_ratio=epoch.seconds / mlp_epoch,
+                  convert_share=convert / (reduced + convert + estimator))
+    return fields
+
+
 def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
                 clock_name: str = "wall") -> None:
     """Set each record's time to convergence on both clocks (`time_wall`, `time_cpu`) and
     on the headline clock (`time`; GLAI's t_reduced / t_convert / t_estimator add up to
     it), its cost per epoch on the headline clock (minimum, median, range, samples), both
-    clocks' minima, and GLAI's cost ratio to the MLP's epoch and conversion share."""
+    clocks' minima, and GLAI's cost ratio to the MLP's epoch and conversion share: the
+    paper protocol's at the record's top level; where `costs` has engineered probes, the
+    engineered protocol's in `record["engineered"]`, with the step that priced it (`step`)
+    and every candidate step's epoch cost (`step_costs`)."""
     mlp_epoch = costs["MLP"]["epoch"].on(clock_name).seconds
+    view, candidates = engineered_view(costs, clock_name)
+    fast_mlp = view["MLP"]["epoch"].on(clock_name).seconds
     for record in records:
-        model = record["model"]
-        raw = costs[model]["epoch"]
-        epoch = raw.on(clock_name)
-        record.update(clock=clock_name, epoch_cost=epoch.seconds, epoch_cost_wall=raw.seconds,
-                      epoch_cost_cpu=raw.cpu_seconds, epoch_cost_low=epoch.low,
-                      epoch_cost_median=epoch.median,
-                      epoch_cost_high=epoch.high, epoch_cost_spread=epoch.spread,
-                      cost_samples=list(epoch.samples))
-        if not model.startswith("GLAI"):
-            record.update(time=record["epochs"] * epoch.seconds,
-                          time_wall=record["epochs"] * raw.seconds,
-                          time_cpu=record["epochs"] * raw.cpu_seconds)
-            continue
-        for name in ("wall", "cpu"):
-            record[f"time_{name}"] = sum(_phases(record, costs, name))
-        reduced, convert, estimator = _phases(record, costs, clock_name)
-        record.update(t_reduced=reduced, t_convert=convert, t_estimator=estimator,
-                      time=reduced + convert + estimator, cost_ratio=epoch.seconds / mlp_epoch,
-                      convert_share=convert / (reduced + convert + estimator))
+        record.update(_times(record, costs, clock_name, mlp_epoch))
+        kinds = candidates.get(record["model"])
+        if kinds:
+            record["engineered"] = {**_times(record, view, clock_name, fast_mlp),
+                                    "step": min(kinds, key=kinds.get), "step_costs": kinds}
 
 
 def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protocol) -> list[dict]:

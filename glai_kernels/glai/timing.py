@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from glai_kernels.glai.tasks import Task
-from glai_kernels.glai.training import synchronize, training_step
+from glai_kernels.glai.training import make_step, synchronize, training_step
 
 # a probe does its work once and returns {part: (wall seconds, CPU seconds)}
 Probe = Callable[[], dict[str, tuple[float, float]]]
@@ -103,21 +103,27 @@ def interleaved(probes: dict[str, Probe], repeats: int) -> dict[str, dict[str, C
 
 def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *,
                    steps: int, seed: int, validate: bool = True,
-                   fused_step: bool = True) -> Probe:
+                   fused_step: bool = True, kind: str | None = None) -> Probe:
     """A probe of `model`'s epoch: parts "train" (k steps scaled to a whole epoch) and,
     with `validate`, "validate" (one validation pass) and "epoch" (their sum). One untimed
     step first, so the optimizer's state exists before any timed step. Trains `model`
     further: call it after the model's results are recorded. Its steps are `fit`'s
     (`training_step`, fused for a sparse head with Adam unless `fused_step` is False), so
-    the cost describes what was trained."""
+    the cost describes what was trained; or, with `kind`, the steps of that kind
+    (`training.make_step`: "ordinary", "fused", "hand-fused", "compiled"). A compiled step
+    first takes a whole untimed epoch, so every batch shape is compiled before the clock
+    runs."""
     device = next(model.parameters()).device
     per_epoch = task.steps_per_epoch()
     count = max(1, min(steps, per_epoch))
     gen = torch.Generator().manual_seed(seed)
-    step = training_step(model, task, optimizer, fused_step)
+    step = (training_step(model, task, optimizer, fused_step) if kind is None
+            else make_step(kind, model, task, optimizer))
 
     model.train()
-    step(next(iter(task.batches(gen))))
+    warm = task.batches(gen) if kind == "compiled" else itertools.islice(task.batches(gen), 1)
+    for batch in warm:
+        step(batch)
 
     def train() -> None:
         for batch in itertools.islice(task.batches(gen), count):
