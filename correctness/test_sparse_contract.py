@@ -16,6 +16,7 @@ from glai_models import random_mlp
 import glai_kernels.sparse as sparse
 from glai_kernels import registry
 from glai_kernels.glai import from_mlp, prune
+from glai_kernels.glai.head import GLAIHead
 from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, from_dense
 from glai_kernels.sparse import reference as layout64
 from reference import tolerance
@@ -275,6 +276,10 @@ def test_a_sparse_head_moved_to_meta_runs_and_prune_refuses_meta():
     assert y.device.type == "meta" and y.shape == (8, 4)
     y.sum().backward()
     assert head.sparse_weight.values.grad.shape == head.sparse_weight.values.shape
+    built = GLAIHead(head.selector, SparsePathWeight.empty(head.weight_shape, device="meta"),
+                     torch.zeros(4, device="meta"))  # built on meta: K = 0 needs no values
+    assert built(omega[:8].to("meta")).shape == (8, 4)
+    assert built.backend_used == "sparse:auto"
     with pytest.raises(ValueError, match="prune: head is on the meta device"):
         prune(head, omega.to("meta"), mu=0.5)
     with pytest.raises(ValueError, match="prune: reference is on the meta device"):
