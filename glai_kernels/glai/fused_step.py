@@ -35,6 +35,15 @@ last place per step, not bit for bit. `kernel_adam=False` keeps torch's own upda
 it the bit-for-bit equality with the ordinary loop.
 
 After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
+
+The step follows its head: each step checks (by identity and size) the tensors it reads, so
+after `head.load_state_dict(...)`, of the same K or another, it trains what was loaded. A
+load of another K keeps the values' Parameter object (SparsePathWeight) but resizes it: the
+step then resets the Adam state of every parameter whose size changed (step count 0, zero
+moments: the old moments belonged to other entries), and keeps the state of the others, and
+of the values when the optimizer's state dict for the new K was loaded too. A head changed
+so that the optimizer no longer steps exactly its trainable parameters (a new Parameter put
+in place) raises ValueError at the next step, saying so.
 """
 
 from __future__ import annotations
@@ -163,20 +172,41 @@ class FusedSparseStep:
 
     def _plan(self) -> _Plan:
         # read from the module dicts (GLAIHead's and nn.Module's __getattr__ cost ≈ 1 µs a
-        # read) and checked anew each step, rebuilt when anything it holds was replaced
-        # (load_state_dict may replace the weight's buffers)
+        # read) and checked anew each step, rebuilt when anything it holds was replaced or
+        # resized (load_state_dict replaces the weight's buffers, resizes its values)
         head = self.head
-        sw = head._modules["sparse_weight"]
+        sw = head._modules.get("sparse_weight")
+        if sw is None:
+            raise ValueError("FusedSparseStep: the head no longer has the sparse layout (its "
+                             "sparse_weight was removed); build a new step for it")
         parts = (head._modules["selector"], sw, head._parameters.get("bias"),
                  sw._parameters["values"], *sw._buffers.values())
         plan = self._cached_plan
         if plan is None or len(plan.parts) != len(parts) or any(
-                a is not b for a, b in zip(plan.parts, parts, strict=True)):
+                a is not b for a, b in zip(plan.parts, parts, strict=True)) or (
+                plan.nnz != parts[3].numel()):
+            if plan is not None:
+                self._rebind()
             selector, _, bias, values = parts[:4]
             plan = _Plan(parts, selector, bias, values, sparse_op.contiguous_index(sw.index),
                          sw.shape[0], values.numel())
             self._cached_plan = plan
         return plan
+
+    def _rebind(self) -> None:
+        """Follow a head whose tensors changed under the step (a load_state_dict): refuse
+        what the step could not have been built for, and reset the Adam state of each
+        parameter whose size changed (its moments were the old entries'; torch.optim.Adam
+        would refuse to step them)."""
+        why = _refuse_head(self.head) or _refuse_optimizer(self.head, self.optimizer)
+        if why is not None:
+            raise ValueError(f"FusedSparseStep: the head changed since the step was built "
+                             f"and {why}; build a new optimizer and step for it")
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                if state and state["exp_avg"].shape != p.shape:
+                    state.clear()  # `_state` creates it anew: step 0, zero moments
 
     def step(self, loss_of: Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
              ) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 from glai_kernels import registry
 from glai_kernels import sparse as sparse_op
 from glai_kernels.glai.selector import PathSelector
-from glai_kernels.op import backend_for, estimator
+from glai_kernels.op import autocast_dtype, backend_for, estimator
 from glai_kernels.sparse import SparsePathWeight
 
 LAYOUTS = ("dense", "sparse")
@@ -54,6 +54,17 @@ class GLAIHead(nn.Module):
     op (`glai_kernels.sparse.estimator`; `backend` names a sparse backend). `head.weight`
     and `head.weight_mask` still read as the dense [O, I, P] weight and mask, computed on
     each access (for inspection: O·I·P elements).
+
+    Loading a state dict (`load_state_dict`) keeps every Parameter object: an optimizer built
+    before the load steps what was loaded. A sparse state dict of another K resizes
+    `sparse_weight.values` in place (SparsePathWeight's docstring: the optimizer's moments of
+    the old K must then be loaded with the optimizer's state dict, or the optimizer rebuilt;
+    torch.optim.Adam raises at `step()` on moments of the old size, and FusedSparseStep resets
+    them).
+
+    Meta tensors: a head moved with `.to("meta")` runs forward and backward (shapes only), in
+    either layout; `prune` refuses a meta head or reference (which paths survive depends on
+    their values).
 
     `backend_used` records the estimator backend of the last forward; in the sparse layout
     it is prefixed "sparse:" (e.g. "sparse:torch"), a sparse registry name, so a record
@@ -184,7 +195,11 @@ class GLAIHead(nn.Module):
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
         if self.layout == "sparse":
             sw = self.sparse_weight
-            chosen = sparse_op.op.resolve(self.backend, x.device, x.dtype,
+            # the dtype the op runs in: inside torch.autocast the region's (the op casts)
+            dtype = autocast_dtype(x.device.type)
+            if dtype is None or not x.is_floating_point() or x.dtype == torch.float64:
+                dtype = x.dtype
+            chosen = sparse_op.op.resolve(self.backend, x.device, dtype,
                                           sparse_op.op.auto_call(x_aug, act, sw, self.backend))
             self.backend_used = f"sparse:{chosen.name}"
             # resolved once here, not again inside `estimator` (bench/NOTES.md, "Training

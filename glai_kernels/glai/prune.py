@@ -216,6 +216,13 @@ def prune(
     when `head` is in the sparse layout.
     """
     # Argument checks first, each error naming its argument (issue 16).
+    if head.device.type == "meta":
+        raise ValueError("prune: head is on the meta device, which holds no values: which "
+                         "paths survive depends on its weights; prune on a real device, then "
+                         ".to('meta')")
+    if isinstance(reference, torch.Tensor) and reference.is_meta:
+        raise ValueError("prune: reference is on the meta device, which holds no values: "
+                         "every path's score is read from it")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(f"prune: keep must be a positive int, got {keep!r}")
     if mu is not None:

@@ -20,6 +20,7 @@ import os
 import torch
 
 from glai_kernels import calls, dispatch
+from glai_kernels.op import AUTOCAST_DEVICES, autocast_dtype, autocast_inputs
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
@@ -135,6 +136,11 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     y [B, O]; the same checks of every argument, in the same order.
     """
     index, values = sw.index, sw.values
+    dtype = autocast_dtype(x.device.type) if isinstance(x, torch.Tensor) else None
+    if dtype is not None:
+        # a torch.autocast region: the dense op's casts (op.py), before the checks, and the
+        # custom op below (not the eager route), whose Autocast key runs the backend outside it
+        x, act, values, bias = autocast_inputs((x, act, values, bias), x.device.type, dtype)
     # the remembered checks key on tensor ids and write to the module: eager calls only
     # (under torch.compile the checks run once, while tracing)
     remembered = None if torch.compiler.is_compiling() else sw.checked_index_sizes
@@ -142,7 +148,7 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     if impl is None:
         impl = resolve(backend, x.device, x.dtype, auto_call(x, act, sw, backend))
     tensors = (x, act, values, bias)
-    if calls.eager_route(tensors):
+    if dtype is None and calls.eager_route(tensors):
         # plain tensors in eager mode: the op's work without its Python (calls.py)
         rest = (contiguous_index(index),)
         if not calls.records_gradient(tensors):
@@ -202,5 +208,54 @@ def resolve(backend: str | None, device: torch.device, dtype: torch.dtype,
             call: dispatch.Call | None = None) -> Backend:
     """The sparse backend that runs for these tensors: `backend`, else $GLAI_BACKEND, else
     auto (`Registry.resolve`: the machine's sparse dispatch table for `call` when given and
-    one exists, else the priorities), after `requested_name`'s check."""
-    return SPARSE_ESTIMATOR.resolve(requested_name(backend), device, dtype, call)
+    one exists, else the priorities), after `requested_name`'s check.
+
+    Meta tensors never reach a backend (the ops' fakes give their shapes), so on the meta
+    device the name is only validated, as the dense op does: the named backend, unchecked,
+    or for "auto" `META_AUTO`, which stands for it (the fakes then save nothing).
+    """
+    name = requested_name(backend)
+    if device.type == "meta":
+        return META_AUTO if name == AUTO else SPARSE_ESTIMATOR.get(name)
+    return SPARSE_ESTIMATOR.resolve(name, device, dtype, call)
+
+
+def _never_on_meta(*_args, **_kwargs):
+    raise RuntimeError("sparse estimator: 'auto' on meta tensors names no backend; only the "
+                       "ops' fakes run there")
+
+
+META_AUTO = Backend(name=AUTO, forward=_never_on_meta, backward=_never_on_meta,
+                    devices=("meta",), description="'auto' on meta tensors (shapes only)")
+"""What `resolve` gives for "auto" on the meta device: a name for the ops, never run."""
+
+
+# ---- autocast ------------------------------------------------------------------------------
+# As the dense op's (op.py): at each Autocast<Device> key the floating inputs other than
+# float64 (the values included) are cast to the region's dtype, and the backend runs with
+# the key excluded, so no matmul inside a backend (the `torch` backend's CSR products) is
+# autocast again. The backward op's inputs already share the forward's dtype: no cast.
+
+_AUTOCAST_LIBRARY = torch.library.Library("glai", "IMPL")
+
+
+def _register_autocast(device_type: str) -> None:
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def forward(_keyset, x, act, values, index, bias, backend, save):
+        dtype = torch.get_autocast_dtype(device_type)
+        x, act, values, bias = autocast_inputs((x, act, values, bias), device_type, dtype)
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return sparse_estimator_op._opoverload(x, act, values, index, bias, backend, save)
+
+    def backward(_keyset, *args):
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return sparse_estimator_backward_op._opoverload(*args)
+
+    _AUTOCAST_LIBRARY.impl("sparse_estimator", forward, key, with_keyset=True)
+    _AUTOCAST_LIBRARY.impl("sparse_estimator_backward", backward, key, with_keyset=True)
+
+
+for _device_type in AUTOCAST_DEVICES:
+    _register_autocast(_device_type)

@@ -37,6 +37,17 @@ class SparsePathWeight(nn.Module):
     indices, which stay int32); `state_dict()` holds both, and loading a state dict of
     another K resizes this module to it.
 
+    Loading keeps `values` the same Parameter object, so an optimizer built before a load
+    steps the loaded values: of the same K, copied into it; of another K, its data replaced
+    (the index buffers become new tensors). The optimizer's state for it then belongs to the
+    old entries: load the optimizer's own state dict saved with the checkpoint (the usual
+    resume), or build a new optimizer. Otherwise torch.optim.Adam refuses to step moments of
+    the old size (a RuntimeError at `step()`), and `FusedSparseStep` resets them.
+
+    Meta tensors: `.to("meta")` and `empty(shape, device="meta")` give a meta
+    SparsePathWeight (shapes only; the sparse op runs its fakes on it). `from_dense` on a
+    meta mask is refused: K is read from the mask's values.
+
     Build one with `from_dense(weight, mask)` or `from_entries(outputs, inputs, paths,
     values, shape)`.
     """
@@ -78,6 +89,11 @@ class SparsePathWeight(nn.Module):
         if mask.device != weight.device:
             raise ValueError(f"from_dense: mask must be on weight's device ({weight.device}), "
                              f"got {mask.device}")
+        if mask.is_meta:
+            raise ValueError("from_dense: mask is on the meta device, which holds no values: "
+                             "the kept entries (and K) are read from them. Build on a real "
+                             "device and move with .to('meta'), or use SparsePathWeight.empty("
+                             "shape, device='meta')")
         index = build_index(mask)
         o, i, s = index.entries()
         return cls(weight.detach()[o, i, s], index)
@@ -102,9 +118,13 @@ class SparsePathWeight(nn.Module):
     @classmethod
     def empty(cls, shape: tuple[int, int, int], dtype: torch.dtype = torch.float32,
               device: torch.device | str | None = None) -> SparsePathWeight:
-        """No kept entry (K = 0); `load_state_dict` then resizes it to what it loads."""
-        return cls.from_dense(torch.zeros(shape, dtype=dtype, device=device),
-                              torch.zeros(shape, dtype=torch.bool, device=device))
+        """No kept entry (K = 0); `load_state_dict` then resizes it to what it loads. K = 0
+        needs no values to read, so `device` may be "meta" (built on the CPU, then moved)."""
+        meta = torch.device(device).type == "meta" if device is not None else False
+        built = torch.device("cpu") if meta else device
+        empty = cls.from_dense(torch.zeros(shape, dtype=dtype, device=built),
+                               torch.zeros(shape, dtype=torch.bool, device=built))
+        return empty.to("meta") if meta else empty
 
     @property
     def index(self) -> KeptIndex:
@@ -127,7 +147,8 @@ class SparsePathWeight(nn.Module):
         if cached is not None and cached[0] == key:
             return cached[1]
         sizes = check_index(index, device, key[1])
-        check_contents(index, "SparsePathWeight")
+        if not _on_meta(index):  # a meta index holds no contents to check (nor runs a kernel)
+            check_contents(index, "SparsePathWeight")
         self.__dict__["_checked_index"] = (key, sizes, tuple(index))
         return sizes
 
@@ -181,19 +202,25 @@ class SparsePathWeight(nn.Module):
         fields = {name: state_dict.get(prefix + name, getattr(self, name))
                   for name in ("values", *KeptIndex._fields)}
         if all(isinstance(t, torch.Tensor) for t in fields.values()):
-            # converted as loading will convert them (copy_ into the int32 buffers)
-            incoming = KeptIndex(*(fields[name].to(self.values.device, INDEX_DTYPE)
+            # converted as loading will convert them (copy_ into the int32 buffers); into a
+            # meta module, checked where the loaded tensors hold values
+            device = self.values.device
+            if device.type == "meta" and not any(t.is_meta for t in fields.values()):
+                device = fields["values"].device
+            incoming = KeptIndex(*(fields[name].to(device, INDEX_DTYPE)
                                    for name in KeptIndex._fields))
-            _check_index_tensors(incoming, self.values.device, "load_state_dict",
-                                 fields["values"].numel())
-        # A state dict of another K (or shape) replaces the tensors' sizes before loading.
+            _check_index_tensors(incoming, device, "load_state_dict", fields["values"].numel())
+        # A state dict of another K (or shape) resizes the tensors before loading: the index
+        # buffers are new tensors, `values` stays the same Parameter object with new data, so
+        # an optimizer built before the load still steps it (class docstring).
         for name in ("values", *KeptIndex._fields):
             incoming = state_dict.get(prefix + name)
             current = getattr(self, name)
             if isinstance(incoming, torch.Tensor) and incoming.shape != current.shape:
                 fresh = current.new_empty(incoming.shape)
                 if name == "values":
-                    self.values = nn.Parameter(fresh, requires_grad=current.requires_grad)
+                    current.data = fresh
+                    current.grad = None  # a gradient of the old K matches no entry now
                 else:
                     setattr(self, name, fresh)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -228,7 +255,12 @@ def _check_index_tensors(index: KeptIndex, device: torch.device, who: str,
             raise ValueError(f"{who}: index tensor {name} must be int32 on {device}, got "
                              f"{_describe(t)}")
     check_index(index, device, index.nnz if nnz is None else nnz)
-    check_contents(index, who)
+    if not _on_meta(index):  # meta tensors hold no contents: only their sizes are known
+        check_contents(index, who)
+
+
+def _on_meta(index: KeptIndex) -> bool:
+    return any(t.is_meta for t in index)
 
 
 def from_dense(weight: torch.Tensor, mask: torch.Tensor) -> SparsePathWeight:

@@ -93,7 +93,10 @@ def torch_backward(
                       v.index_select(0, order), (x.shape[1], index.groups))
             dx = (mt @ a).t().to(x.dtype)
         if need_values:
-            pattern = _csr(index.group_ptr, index.inputs, v, (index.groups, x.shape[1]))
+            # the pattern's values are zeros: sampled_addmm multiplies them by beta = 0, and
+            # an infinite value there would make its dv NaN
+            pattern = _csr(index.group_ptr, index.inputs, torch.zeros_like(v),
+                           (index.groups, x.shape[1]))
             sampled = torch.sparse.sampled_addmm(pattern, a, xt.t(), beta=0.0)
             dvalues = sampled.values().to(x.dtype)
     if need_act:

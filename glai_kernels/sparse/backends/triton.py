@@ -99,18 +99,20 @@ def _forward_kernel(
     row_mask = rows < B
     g_lo = tl.load(output_ptr + o)
     g_hi = tl.load(output_ptr + o + 1)
-    y = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
+    y = tl.zeros((BLOCK_B,), dtype=ACC)
     for g in range(g_lo, g_hi):
         g64 = tl.cast(g, tl.int64)
         z = _group_sum(xt_ptr, values_ptr, inputs_ptr, group_ptr, g64, rows, row_mask, B,
                        BLOCK_B, BLOCK_E, ACC)
         s = tl.load(group_paths_ptr + g64).to(tl.int64)
         a = tl.load(actt_ptr + s * B + rows, mask=row_mask, other=0.0).to(ACC)
-        y += a[:, None] * z
+        # act times the group's whole sum, not each lane's: a lane without an entry holds 0,
+        # and an infinite act times it gave NaN where the sum has ±inf
+        zg = tl.sum(z, axis=1)
+        y += a * zg
         if SAVE:
-            tl.store(zg_ptr + g64 * B + rows, tl.sum(z, axis=1), mask=row_mask)
-    y_sum = tl.sum(y, axis=1)
-    tl.store(y_ptr + rows * O + o, _rounded(y_sum, OUT, EMULATE_BF16), mask=row_mask)
+            tl.store(zg_ptr + g64 * B + rows, zg, mask=row_mask)
+    tl.store(y_ptr + rows * O + o, _rounded(y, OUT, EMULATE_BF16), mask=row_mask)
 
 
 @_jit
@@ -183,8 +185,8 @@ def _dact_kernel(
     row_mask = rows < B
     j_lo = tl.load(path_ptr + s)
     j_hi = tl.load(path_ptr + s + 1)
-    acc = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
     if SAVED:
+        acc = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
         for j0 in range(j_lo, j_hi, BLOCK_E):
             js = tl.cast(j0, tl.int64) + tl.arange(0, BLOCK_E)
             mask = js < j_hi
@@ -194,16 +196,18 @@ def _dact_kernel(
             d = tl.load(dyt_ptr + o[None, :] * B + rows[:, None], mask=tile_mask, other=0.0)
             z = tl.load(zg_ptr + g[None, :] * B + rows[:, None], mask=tile_mask, other=0.0)
             acc += d.to(ACC) * z.to(ACC)
+        dact = tl.sum(acc, axis=1)
     else:
+        dact = tl.zeros((BLOCK_B,), dtype=ACC)
         for j in range(j_lo, j_hi):
             g = tl.load(path_groups_ptr + tl.cast(j, tl.int64)).to(tl.int64)
-            # the forward's own sum of this group, so dact sees the Zg the forward saved
+            # the forward's own sum of this group, so dact sees the Zg the forward saved; dy
+            # times that whole sum, as the forward's act (an empty lane times inf is NaN)
             z = _group_sum(xt_ptr, values_ptr, inputs_ptr, group_ptr, g, rows, row_mask, B,
                            BLOCK_B, BLOCK_E, ACC)
             o = tl.load(group_outputs_ptr + g).to(tl.int64)
             d = tl.load(dyt_ptr + o * B + rows, mask=row_mask, other=0.0).to(ACC)
-            acc += d[:, None] * z
-    dact = tl.sum(acc, axis=1)
+            dact += d * tl.sum(z, axis=1)
     tl.store(dact_ptr + rows * P + s, _rounded(dact, OUT, EMULATE_BF16), mask=row_mask)
 
 
