@@ -60,6 +60,11 @@ def fraction(text: str) -> float:
     return _number(text, float, "a number in (0, 1]", lambda v: 0 < v <= 1)
 
 
+def percent(text: str) -> float:
+    """A number in (0, 100] (a kept fraction in percent)."""
+    return _number(text, float, "a percentage in (0, 100]", lambda v: 0 < v <= 100)
+
+
 def positive_int_list(text: str) -> list[int]:
     """Comma-separated integers > 0, at least one ("16,256")."""
     items = [t.strip() for t in text.split(",") if t.strip()]
