@@ -28,6 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench.cli_types import (
+    non_negative_float,
+    output_dir,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 from bench.harness.energy import MIN_WINDOW_S
 from bench.harness.passes import DTYPES
 from bench.harness.sweeps import ALL_PASSES, PRESETS
@@ -101,32 +108,32 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {', '.join(ALL_PASSES)} (default: the preset's)")
     p.add_argument("--heads", type=_names, default=None,
                    help="comma-separated paper heads (A1..C2) to keep (default: all)")
-    p.add_argument("--batches", type=lambda t: [int(b) for b in _names(t)], default=None,
+    p.add_argument("--batches", type=positive_int_list, default=None,
                    help="comma-separated batch sizes to keep (default: the preset's)")
     p.add_argument("--sweeps", type=_names, default=None,
                    help="comma-separated sweep names to keep, e.g. heads or batch@A1 "
                         "(default: all of the preset's)")
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--rounds", type=positive_int, default=None,
                    help="timing rounds per measurement (default: the preset's)")
-    p.add_argument("--min-time", type=float, default=None,
+    p.add_argument("--min-time", type=positive_float, default=None,
                    help="timed seconds per measurement (default: the preset's)")
-    p.add_argument("--max-call", type=float, default=None,
+    p.add_argument("--max-call", type=positive_float, default=None,
                    help="seconds: a case whose roofline floor exceeds this, or a backend "
                         "whose call takes 3x this, is skipped (default: the preset's)")
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--time-limit", type=positive_float, default=None,
                    help="seconds: shapes not reached by then are written as skipped, so a "
                         "run on a short GPU lease still ends with its reports "
                         "(default: none)")
-    p.add_argument("--energy-window", type=float, default=MIN_WINDOW_S,
+    p.add_argument("--energy-window", type=non_negative_float, default=MIN_WINDOW_S,
                    help="seconds of back-to-back calls per NVML energy reading; 0 turns "
                         f"energy off (default: {MIN_WINDOW_S:g})")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=output_dir, default=None,
                    help="kernel suite output folder (default: reports/bench/<device>)")
-    p.add_argument("--pipeline-out", type=Path, default=ROOT / "reports" / "pipeline",
+    p.add_argument("--pipeline-out", type=output_dir, default=ROOT / "reports" / "pipeline",
                    help="pipeline output folder (default: reports/pipeline)")
-    p.add_argument("--history", type=Path, default=ROOT / "reports" / "history",
+    p.add_argument("--history", type=output_dir, default=ROOT / "reports" / "history",
                    help="append this run's record to this history (default: reports/history)")
     p.add_argument("--no-history", action="store_true",
                    help="do not append a record to the history")
@@ -171,6 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         command, argv = argv[0], argv[1:]
     else:
         command = "run"  # `python -m bench --preset quick`, as before the commands
+    try:
+        return dispatch(command, argv)
+    except Exception as e:  # the last line of defence: see unexpected()
+        if os.environ.get("GLAI_BENCH_TRACEBACK") == "1":
+            raise
+        print(unexpected(command, e), file=sys.stderr)
+        return 1
+
+
+def dispatch(command: str, argv: list[str]) -> int:
+    """Run `command` (a key of COMMANDS) with its arguments; returns the exit status."""
     if command in TIMING_COMMANDS:
         from bench.harness import onednn_guard
 
@@ -182,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[command][0])
     status = module.main(argv)
     return int(status or 0)
+
+
+def unexpected(command: str, error: Exception) -> str:
+    """What `main` prints for an exception no command turned into a message of its own: one
+    line naming the command and the error, and how to see the traceback. Every failure a
+    command expects (bad arguments, a bad file) has its own message; this is for the rest,
+    so that a user never has to read a traceback to learn what went wrong."""
+    message = " ".join(str(error).split()) or "(no message)"
+    return (f"glai-bench {command}: error: {type(error).__name__}: {message}\n"
+            f"(set GLAI_BENCH_TRACEBACK=1 for the traceback)")
 
 
 def run(argv: list[str]) -> int:
@@ -210,7 +238,7 @@ def run(argv: list[str]) -> int:
                                energy_window_s=args.energy_window,
                                command=" ".join(["glai-bench run", *argv]))
         except ValueError as e:
-            print(f"glai-bench run: {e}", file=sys.stderr)
+            print(f"glai-bench run: error: {e}", file=sys.stderr)
             return 2
         print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
         for path in output.files:

@@ -3,15 +3,47 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import bench.gate
+from bench.cli_types import (
+    at_least,
+    existing_file,
+    non_negative_float,
+    non_negative_int,
+    output_dir,
+    output_file,
+    positive_float,
+)
 from bench.gate.measuring import check, measure, measure_fresh, save_run
 from bench.gate.planted import from_spec
 from bench.gate.reporting import spread_summary
-from bench.gate.store import BASELINE_DIR, accept
+from bench.gate.store import BASELINE_DIR, accept, read_results
+from bench.harness.sweeps import PRESETS
+from glai_kernels import registry
+
+# a baseline's spread needs at least this many runs (`bench.gate.store.build_baseline`)
+MIN_RUNS = 3
+
+
+def plant_spec(text: str) -> str:
+    """`--plant BACKEND=FACTOR`: a registered backend and a slowdown above 1, checked here
+    (`check` plants it in fresh processes, whose failure would say much less)."""
+    name, sep, factor = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected BACKEND=FACTOR (e.g. torch=1.25), "
+                                         f"got {text!r}")
+    try:
+        registry.get(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    try:
+        slowdown = float(factor)
+    except ValueError:
+        slowdown = float("nan")
+    if not slowdown > 1:  # `not >` also refuses NaN
+        raise argparse.ArgumentTypeError(f"FACTOR must be a slowdown above 1, got {text!r}")
+    return text
 
 
 def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
@@ -20,37 +52,53 @@ def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="measure the quick preset and compare with the baseline")
-    c.add_argument("--results", type=Path, help="compare this results.json instead of measuring")
-    c.add_argument("--confirm", type=int, default=2,
+    c.add_argument("--results", type=existing_file,
+                   help="compare this results.json instead of measuring")
+    c.add_argument("--confirm", type=non_negative_int, default=2,
                    help="re-measurements before a failure stands (default 2)")
-    c.add_argument("--save", type=Path, metavar="DIR",
+    c.add_argument("--save", type=output_dir, metavar="DIR",
                    help="keep each measured run's results as DIR/gate-run-N.json")
     a = sub.add_parser("accept", help="write a new baseline for this machine kind, on purpose")
-    a.add_argument("--runs", type=int, default=10,
+    a.add_argument("--runs", type=at_least(MIN_RUNS), default=10,
                    help="runs of unchanged code, each in a fresh process (default 10)")
-    a.add_argument("--results", type=Path, nargs="+",
+    a.add_argument("--results", type=existing_file, nargs="+",
                    help="build it from these results.json files instead of measuring")
     a.add_argument("--note", default="", help="why the baseline changed (kept in the file)")
-    a.add_argument("--margin", type=float, default=1.5)
-    a.add_argument("--case-floor", type=float, default=0.10)
-    a.add_argument("--group-floor", type=float, default=0.05)
+    a.add_argument("--margin", type=positive_float, default=1.5)
+    a.add_argument("--case-floor", type=non_negative_float, default=0.10)
+    a.add_argument("--group-floor", type=non_negative_float, default=0.05)
     m = sub.add_parser("measure", help="one run in this process, written to --out (what "
                                        "check and accept start in a fresh process per run)")
-    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--out", type=output_file, required=True)
     for sp in (c, m):
-        sp.add_argument("--plant", metavar="BACKEND=FACTOR",
+        sp.add_argument("--plant", metavar="BACKEND=FACTOR", type=plant_spec,
                         help="slow BACKEND down FACTOR times (e.g. torch=1.25) to see the "
                              "gate fail")
     for sp in (c, a, m):
-        sp.add_argument("--preset", default="quick")
+        sp.add_argument("--preset", choices=sorted(PRESETS), default="quick")
         sp.add_argument("--device", choices=("cpu", "cuda"), default=None)
     for sp in (c, a):
-        sp.add_argument("--baseline-dir", type=Path, default=BASELINE_DIR)
+        sp.add_argument("--baseline-dir", type=output_dir, default=BASELINE_DIR)
     return p
 
 
 def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
-    args = parser(prog).parse_args(argv)
+    p = parser(prog)
+    args = p.parse_args(argv)
+    if args.command == "check" and not args.baseline_dir.is_dir():
+        # a mistyped folder would otherwise read as "no baseline yet": a pass comparing nothing
+        p.error(f"argument --baseline-dir: no such folder: {args.baseline_dir}")
+    if args.command == "accept" and args.results and len(args.results) < MIN_RUNS:
+        p.error(f"argument --results: a baseline needs at least {MIN_RUNS} runs to measure "
+                f"their spread, got {len(args.results)} file(s)")
+    try:
+        return _run(args)
+    except ValueError as e:  # a bad results or baseline file, runs that do not fit together
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     from bench.harness import onednn_guard
 
     reason = onednn_guard.apply()  # `python -m bench.gate` is a timing entry point of its own
@@ -65,14 +113,14 @@ def main(argv: list[str] | None = None, prog: str = "glai-bench gate") -> int:
         save_run(args.out, result)
         return 0
     if args.command == "check":
-        results = json.loads(args.results.read_text()) if args.results else None
+        results = read_results(args.results) if args.results else None
         passed, text = check(results, baseline_dir=args.baseline_dir, confirm=args.confirm,
                              preset=args.preset, device=args.device, save_dir=args.save,
                              fresh=True, plant=args.plant)
         print(text)
         return 0 if passed else 1
     if args.results:
-        runs = [json.loads(f.read_text()) for f in args.results]
+        runs = [read_results(f) for f in args.results]
     else:
         runs = []
         for i in range(args.runs):

@@ -7,12 +7,13 @@ import datetime
 import json
 from pathlib import Path
 
-from bench.gate.stats import ratios, thresholds_from
+from bench.gate.stats import GROUP_KEY, RATIO_KEY, ratios, thresholds_from
 from bench.reporting.history import machine_kind, slug, write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = ROOT / "reports" / "baseline"
 BASELINE_SCHEMA = 1
+BASELINE_KIND = "glai-kernels-gate-baseline"
 
 
 def build_baseline(runs: list[dict], *, margin: float = 1.5, case_floor: float = 0.10,
@@ -29,7 +30,7 @@ def build_baseline(runs: list[dict], *, margin: float = 1.5, case_floor: float =
         raise ValueError(f"runs: all runs must use one thread count, got {threads}")
     prov = runs[-1]["provenance"]
     return {
-        "kind": "glai-kernels-gate-baseline", "schema": BASELINE_SCHEMA,
+        "kind": BASELINE_KIND, "schema": BASELINE_SCHEMA,
         "machine": machine_kind(prov), "device_name": prov.get("device_name", ""),
         "cpu_id": prov.get("cpu_id", ""), "threads": prov.get("threads"),
         "preset": runs[-1].get("preset", {}).get("name", "custom"),
@@ -54,15 +55,100 @@ def write_baseline(baseline: dict, baseline_dir: Path = BASELINE_DIR) -> Path:
 
 
 def load_baseline(machine: str, baseline_dir: Path = BASELINE_DIR) -> dict | None:
-    """The committed baseline for this kind of machine, None when there is none."""
+    """The committed baseline for this kind of machine, None when there is none; ValueError
+    naming the file when it is not a baseline this code can read (`check_baseline`)."""
     path = baseline_path(machine, baseline_dir)
     if not path.exists():
         return None
-    baseline = json.loads(path.read_text())
-    if baseline.get("schema", 1) > BASELINE_SCHEMA:
-        raise ValueError(f"{path}: baseline schema {baseline['schema']} is newer than this "
-                         f"code's {BASELINE_SCHEMA}")
+    baseline = _read_object(path, "baseline")
+    try:
+        check_baseline(baseline)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a usable gate baseline: {e}") from None
     return baseline
+
+
+def read_results(path: Path) -> dict:
+    """A results.json dict (as `glai-bench run` or `gate measure` writes it) read from `path`
+    for the gate; ValueError naming the file when it lacks what the gate reads."""
+    results = _read_object(path, "results file")
+    try:
+        check_results(results)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a usable results.json: {e}") from None
+    return results
+
+
+def _read_object(path: Path, what: str) -> dict:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: {what} not readable as JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: {what} is a JSON {type(raw).__name__}, expected an object")
+    return raw
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_items(items: object, name: str, keys: tuple[str, ...],
+                 numbers: tuple[str, ...]) -> None:
+    """`items` is a list of objects, each with `keys` and numeric `numbers`."""
+    if not isinstance(items, list):
+        raise ValueError(f"{name} is {type(items).__name__}, expected a list")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"{name}[{i}] is {type(item).__name__}, expected an object")
+        lacking = [k for k in keys if k not in item]
+        if lacking:
+            raise ValueError(f"{name}[{i}] lacks {', '.join(lacking)}")
+        for k in numbers:
+            if not _is_number(item[k]):
+                raise ValueError(f"{name}[{i}].{k} is {item[k]!r}, expected a number")
+
+
+def check_baseline(baseline: dict) -> None:
+    """Raise ValueError saying what `baseline` lacks of what `check` and its report read."""
+    if baseline.get("kind", BASELINE_KIND) != BASELINE_KIND:
+        raise ValueError(f"kind {baseline['kind']!r}, expected {BASELINE_KIND!r}")
+    schema = baseline.get("schema", 1)
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise ValueError(f"schema {schema!r} is not a version number")
+    if schema > BASELINE_SCHEMA:
+        raise ValueError(f"baseline schema {schema} is newer than this code's {BASELINE_SCHEMA}")
+    if not isinstance(baseline.get("machine"), str):
+        raise ValueError(f"machine is {baseline.get('machine')!r}, expected a string")
+    for k in ("n_runs", "margin", "case_floor", "group_floor"):
+        if not _is_number(baseline.get(k)):
+            raise ValueError(f"{k} is {baseline.get(k)!r}, expected a number")
+    if not isinstance(baseline.get("spread"), dict):
+        raise ValueError("spread is missing or not an object")
+    _check_items(baseline.get("entries"), "entries", (*RATIO_KEY, "metric", "median",
+                                                      "spread", "threshold"),
+                 ("median", "spread", "threshold"))
+    _check_items(baseline.get("groups"), "groups", (*GROUP_KEY, "metric", "spread",
+                                                    "threshold"), ("spread", "threshold"))
+
+
+# what the gate reads of each results row (`stats.ratios`)
+RESULT_ROW_FIELDS: tuple[str, ...] = (*RATIO_KEY, "status", "correct", "speedup_best",
+                                      "roofline_pct", "median_s", "min_s")
+
+
+def check_results(results: dict) -> None:
+    """Raise ValueError saying what `results` (a results.json dict) lacks of what the gate
+    reads: the provenance's machine and each row's key, status and ratios."""
+    prov = results.get("provenance")
+    if not isinstance(prov, dict) or not isinstance(prov.get("machine"), str):
+        raise ValueError("provenance.machine is missing or not a string")
+    rows = results.get("rows")
+    _check_items(rows, "rows", RESULT_ROW_FIELDS, ())
+    for i, row in enumerate(rows):
+        for k in ("speedup_best", "roofline_pct", "median_s", "min_s"):
+            if row[k] is not None and not _is_number(row[k]):
+                raise ValueError(f"rows[{i}].{k} is {row[k]!r}, expected a number or null")
 
 
 def accept(runs: list[dict], *, baseline_dir: Path = BASELINE_DIR,

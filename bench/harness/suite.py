@@ -54,6 +54,24 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
 
 
+def check_arguments(*, threads: int | None, rounds: int | None, min_time_s: float | None,
+                    max_call_s: float | None, time_limit_s: float | None,
+                    energy_window_s: float, batches: Sequence[int] | None) -> None:
+    """Raise ValueError naming the first of `run`'s numeric arguments out of range, before
+    anything is measured (torch.set_num_threads(0) would raise a bare RuntimeError, zero
+    rounds a ZeroDivisionError after the ceilings were timed)."""
+    positive = {"threads": threads, "rounds": rounds, "min_time_s": min_time_s,
+                "max_call_s": max_call_s, "time_limit_s": time_limit_s}
+    for name, value in positive.items():
+        if value is not None and not value > 0:  # `not >` also catches NaN
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    if not energy_window_s >= 0:
+        raise ValueError(f"energy_window_s must be 0 (off) or positive, got {energy_window_s!r}")
+    for batch in batches or ():
+        if not batch > 0:
+            raise ValueError(f"batches must be positive, got {batch!r}")
+
+
 def run(preset: str | Preset = "default", *, device: str | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
@@ -81,6 +99,9 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     none).
     """
     started = time.perf_counter()
+    check_arguments(threads=threads, rounds=rounds, min_time_s=min_time_s,
+                    max_call_s=max_call_s, time_limit_s=time_limit_s,
+                    energy_window_s=energy_window_s, batches=batches)
     if threads is not None:
         torch.set_num_threads(threads)
     preset = get_preset(preset) if isinstance(preset, str) else preset

@@ -4,47 +4,87 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 
+from bench.cli_types import existing_file, non_negative_int, output_dir, positive_int
 from bench.pipeline.presets import PRESETS
 from bench.pipeline.runner import run_preset
+from glai_kernels.paper_heads import PAPER_HEADS
 
 
-def main(argv: list[str] | None = None) -> None:
+def head_list(text: str) -> list[str]:
+    """`--heads A1,C1`: comma-separated paper heads, at least one."""
+    heads = [h.strip() for h in text.split(",") if h.strip()]
+    unknown = sorted(set(heads) - set(PAPER_HEADS))
+    if not heads or unknown:
+        raise argparse.ArgumentTypeError(f"expected comma-separated paper heads of "
+                                         f"{', '.join(PAPER_HEADS)}, got {text!r}")
+    return heads
+
+
+def data_file(text: str) -> tuple[str, pathlib.Path]:
+    """`--data HEAD=FILE`: a paper head and a readable .npz or .pt file of its embeddings
+    (read here once, so a bad file is named before any head is trained)."""
+    from bench.pipeline.data import load_embeddings
+
+    head, sep, name = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected HEAD=FILE, got {text!r}")
+    if head not in PAPER_HEADS:
+        raise argparse.ArgumentTypeError(f"unknown head {head!r} in {text!r}; the paper's are "
+                                         f"{', '.join(PAPER_HEADS)}")
+    path = existing_file(name)
+    try:
+        load_embeddings(path, need_labels=False)
+    except Exception as e:  # numpy and torch raise many kinds for a file that is not theirs
+        raise argparse.ArgumentTypeError(f"{path}: not readable embeddings "
+                                         f"({type(e).__name__}: {e})") from None
+    return head, path
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports/pipeline"))
-    parser.add_argument("--heads", help="comma-separated subset, e.g. A1,C1")
-    parser.add_argument("--seeds", type=int, help="number of seeds (default: the preset's 3)")
+    parser.add_argument("--out", type=output_dir, default=pathlib.Path("reports/pipeline"))
+    parser.add_argument("--heads", type=head_list, help="comma-separated subset, e.g. A1,C1")
+    parser.add_argument("--seeds", type=positive_int,
+                        help="number of seeds (default: the preset's 3)")
     parser.add_argument("--data", action="append", default=[], metavar="HEAD=FILE",
+                        type=data_file,
                         help="users' own embeddings for a head (.npz/.pt; see "
                              "bench/pipeline/data.py); replaces the built-in data")
     parser.add_argument("--switch", choices=("fixed", "auto", "both"),
                         help="reduced-MLP stage length: the paper's fixed fractions, until the "
                              "path distance m_t settles, or both side by side (default)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=non_negative_int, default=1,
                         help="torch intra-op threads (default 1: steadier clocks on a shared "
                              "machine; 0 leaves torch's default)")
-    parser.add_argument("--jobs", type=int,
+    parser.add_argument("--jobs", type=positive_int,
                         help="(head, data, seed) units run at once, each in its own process "
                              "(default: on CPU one per core / threads, on CUDA 1); the records "
                              "do not depend on it, only the wall clock does")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave torch.compile out of the engineered protocol's MLP step "
                              "candidates (the hand-fused step alone)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    files = {}
-    for item in args.data:
-        head, _, path = item.partition("=")
-        if not path:
-            parser.error(f"--data takes HEAD=FILE, got {item!r}")
-        files[head] = pathlib.Path(path)
-    run_preset(args.preset, args.out, heads=args.heads.split(",") if args.heads else None,
-               seeds=args.seeds, data_files=files, switch=args.switch, device=args.device,
-               progress=not args.no_progress, threads=args.threads or None, jobs=args.jobs,
-               compile_mlp=False if args.no_compile else None)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("argument --device: cuda: no CUDA device here")
+    try:
+        run_preset(args.preset, args.out, heads=args.heads, seeds=args.seeds,
+                   data_files=dict(args.data), switch=args.switch, device=args.device,
+                   progress=not args.no_progress, threads=args.threads or None,
+                   jobs=args.jobs, compile_mlp=False if args.no_compile else None)
+    except ValueError as e:  # a data file that does not fit its head
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

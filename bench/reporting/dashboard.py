@@ -22,6 +22,7 @@ import base64
 import datetime
 import html
 import io
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -30,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from bench.cli_types import existing_dir, output_file
 from bench.harness.passes import DTYPES
 from bench.harness.sweeps import PAPER_BATCHES
 from bench.reporting import history
@@ -120,8 +122,11 @@ def kept_trend_figure(df: pd.DataFrame, runs: pd.DataFrame) -> str | None:
     from bench.harness.sweeps import matched_keep
 
     df = df[(df["pass"] == "forward") & df["nnz"].notna()]
-    df = df[[n == matched_keep(PAPER_HEADS[h]) if h in PAPER_HEADS else False
-             for h, n in zip(df["head"], df["nnz"], strict=True)]]
+    # a mask with the frame's index: a bare empty list would select no columns instead of
+    # no rows (and the next line would find no "head")
+    df = df[pd.Series([n == matched_keep(PAPER_HEADS[h]) if h in PAPER_HEADS else False
+                       for h, n in zip(df["head"], df["nnz"], strict=True)],
+                      index=df.index, dtype=bool)]
     heads = [h for h in PAPER_HEADS if h in set(df["head"])]
     if not heads:
         return None
@@ -187,7 +192,7 @@ def latest_table(df: pd.DataFrame) -> str:
 def _runs_table(records: list[history.Record]) -> str:
     rows = []
     for r in records:
-        load = r.provenance.get("load_average", "")
+        load = html.escape(str(r.provenance.get("load_average", "")))
         rows.append(f"<tr {_attrs(machine=r.machine)}><td>{html.escape(r.date)}</td>"
                     f"<td><code>{html.escape(r.commit[:12])}</code></td>"
                     f"<td>{html.escape(r.machine)}</td><td>{html.escape(r.device_name)}</td>"
@@ -381,14 +386,16 @@ window.addEventListener("load", () => {
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="glai-bench dashboard", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--history", type=Path, default=history.HISTORY_DIR)
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--history", type=existing_dir, default=history.HISTORY_DIR,
+                   help="the history folder to read (default: reports/history)")
+    p.add_argument("--out", type=output_file, default=OUT,
+                   help="the page to write (default: reports/dashboard/index.html)")
     args = p.parse_args(argv)
     try:
         records = history.load(args.history)  # a bad record file is skipped with a warning
         path = render(records, args.out)
-    except ValueError as e:
-        print(f"glai-bench dashboard: {e}")
+    except (OSError, ValueError) as e:  # a foreign file in the history, an empty history
+        print(f"glai-bench dashboard: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path} ({len(records)} runs); open it in a browser, no server needed")
     return 0

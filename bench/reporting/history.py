@@ -65,6 +65,18 @@ RECORD_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "device", "device
                                   "preset", "command", "baseline")
 # what a run's record cannot lack (non-empty strings); `rows` is required too
 REQUIRED_FIELDS: tuple[str, ...] = ("commit", "date", "machine", "preset")
+# the JSON type each row field must have when present and not null (the dashboard groups,
+# sorts, formats and multiplies them: one wrong type would stop the whole page)
+_TEXT, _INTEGER, _NUMBER, _FLAG = "a string", "an integer", "a number", "true or false"
+ROW_TYPES: dict[str, str] = {
+    **dict.fromkeys(("backend", "head", "dtype", "pass", "device", "sweep", "status", "bound"),
+                    _TEXT),
+    **dict.fromkeys(("batch", "inputs", "paths", "outputs"), _INTEGER),
+    **dict.fromkeys(("mu", "median_s", "q25_s", "q75_s", "min_s", "gflops", "gbps",
+                     "roofline_pct", "speedup_vs_baseline", "speedup_best", "error_ratio",
+                     "peak_mem_bytes", "energy_j", "power_w", "nnz"), _NUMBER),
+    **dict.fromkeys(("correct", "winner"), _FLAG),
+}
 
 
 class HistoryWarning(UserWarning):
@@ -248,9 +260,28 @@ def validate(raw: dict) -> None:
         lacking = [k for k in ROW_KEY if k not in row and k not in OPTIONAL_ROW_KEY]
         if lacking:
             raise RecordError(f"rows[{i}] lacks {', '.join(lacking)}")
+        for k, expected in ROW_TYPES.items():
+            value = row.get(k)
+            if value is not None and not _has_type(value, expected):
+                raise RecordError(f"rows[{i}].{k} is {value!r}, expected {expected}")
     for k in ("ceilings", "provenance"):
         if not isinstance(raw.get(k, {}), dict):
             raise RecordError(f"{k} is {type(raw[k]).__name__}, expected an object")
+    provenance = raw.get("provenance", {})
+    for k in ("machine", "device", "cpu_id"):  # what machine_kind reads
+        if provenance.get(k) is not None and not isinstance(provenance[k], str):
+            raise RecordError(f"provenance.{k} is {provenance[k]!r}, expected a string")
+
+
+def _has_type(value: object, expected: str) -> bool:
+    """Whether a JSON value is of ROW_TYPES' `expected` kind (a bool is not a number)."""
+    if expected == _TEXT:
+        return isinstance(value, str)
+    if expected == _FLAG:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if expected == _INTEGER else isinstance(value, int | float)
 
 
 def parse(raw: dict, path: Path | None = None) -> Record | None:

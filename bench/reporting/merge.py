@@ -24,25 +24,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from bench.cli_types import existing_dir, output_dir
 from bench.harness.ceilings import Ceilings
+from bench.harness.results import COLUMNS, KEY_COLUMNS, MEASURE_COLUMNS
 from bench.harness.suite import write_reports
 
 # what makes two rows the same measurement
 ROW_KEY = ["backend", "dtype", "pass", "batch", "inputs", "paths", "outputs", "sweep", "mu"]
+# the results table's columns that hold text or flags; every other key or measure is a number
+TEXT_COLUMNS = ("backend", "dtype", "pass", "device", "sweep", "head", "status", "correct",
+                "winner", "bound", "note")
 
 
 def load(run: Path | str) -> tuple[pd.DataFrame, dict]:
     """(results table, meta without its rows) of one finished run; `DIR:b1,b2` keeps only
-    those backends' rows (and says so in the meta's command)."""
+    those backends' rows (and says so in the meta's command). ValueError naming the file
+    when the folder is not a finished run (`read_meta`, `read_table`)."""
     run_dir, _, keep = str(run).partition(":")
-    meta = json.loads((Path(run_dir) / "results.json").read_text())
+    meta = read_meta(Path(run_dir) / "results.json")
     meta.pop("rows", None)
     meta.pop("columns", None)
-    table = pd.read_csv(Path(run_dir) / "results.csv")
+    table = read_table(Path(run_dir) / "results.csv")
     if keep:
         backends = keep.split(",")
         unknown = sorted(set(backends) - set(table["backend"]))
@@ -52,6 +61,48 @@ def load(run: Path | str) -> tuple[pd.DataFrame, dict]:
         meta["command"] = f"{meta.get('command', '')} (rows of {keep} only)"
         meta["backends"] = [b for b in meta.get("backends", []) if b in backends]
     return table, meta
+
+
+def read_meta(path: Path) -> dict:
+    """A run's results.json, checked for what the reports read of it (the provenance's
+    machine and device, the ceilings); ValueError naming `path` otherwise."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: not a readable results.json ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: a JSON {type(meta).__name__}, expected a results.json object")
+    prov = meta.get("provenance")
+    if not isinstance(prov, dict) or not all(isinstance(prov.get(k), str)
+                                             for k in ("machine", "device")):
+        raise ValueError(f"{path}: provenance.machine and provenance.device must be strings")
+    for k in ("preset", "dispatch"):
+        if not isinstance(meta.get(k) or {}, dict):
+            raise ValueError(f"{path}: {k} is {type(meta[k]).__name__}, expected an object")
+    try:
+        Ceilings(**meta["ceilings"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: ceilings are missing or malformed ({e})") from None
+    return meta
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A run's results.csv, checked for every column a run writes (`results.COLUMNS`), each
+    numeric one numeric; ValueError naming `path` otherwise."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
+        raise ValueError(f"{path}: not a readable results.csv ({e})") from None
+    lacking = [c for c in COLUMNS if c not in table.columns]
+    if lacking:
+        raise ValueError(f"{path}: not a results.csv of this suite: no column(s) "
+                         f"{', '.join(lacking)}")
+    not_numbers = [c for c in (*KEY_COLUMNS, *MEASURE_COLUMNS) if c not in TEXT_COLUMNS
+                   and not pd.api.types.is_numeric_dtype(table[c])]
+    if not_numbers:
+        raise ValueError(f"{path}: column(s) {', '.join(not_numbers)} hold something other "
+                         f"than numbers")
+    return table
 
 
 def _measured_over_skipped(table: pd.DataFrame) -> pd.DataFrame:
@@ -140,15 +191,60 @@ def merge(runs: list[tuple[pd.DataFrame, dict]],
 def write(table: pd.DataFrame, meta: dict, out_dir: Path, install: bool = False,
           plots: bool = True) -> list[Path]:
     """The merged run's files in `out_dir`, as a run writes them (`suite.write_reports`), its
-    dispatch table for the runs' machine kind."""
-    return write_reports(table, meta, out_dir, install, plots, meta.get("machine_kind"))
+    dispatch table for the runs' machine kind.
+
+    They are written into a staging folder inside `out_dir` first and moved into place only
+    when all of them were written (`publish`), so a failure leaves an earlier report there
+    as it was; the dispatch table is installed (`install`) only after that."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
+        staged = write_reports(table, meta, Path(tmp), False, plots, meta.get("machine_kind"))
+        written = publish(Path(tmp), staged, out_dir, charts=plots)
+    if install and meta.get("dispatch"):
+        from bench.harness import dispatch_table, results
+
+        installed = dispatch_table.install(out_dir / meta["dispatch"]["file"])
+        meta["dispatch"]["installed"] = str(installed.relative_to(installed.parents[2]))
+        results.write(table, out_dir, meta)  # the run's files say where the table went
+        written.append(installed)
+    from bench.reporting import summary
+
+    # again in place: without plots the summary lists the charts already in out_dir/plots
+    summary.write(table, meta, out_dir)
+    return written
 
 
-def main(argv: list[str] | None = None) -> None:
+def publish(staging: Path, files: list[Path], out_dir: Path, charts: bool) -> list[Path]:
+    """Move `files` (under `staging`) to the same place under `out_dir`, each with one atomic
+    rename; with `charts`, drop out_dir's charts that the staged run did not draw, as
+    `plots.write_all` does (a stale chart would mislead). Returns the new paths."""
+    from bench.reporting import plots as plots_mod
+
+    moved = []
+    for path in files:
+        target = out_dir / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append(target)
+    if charts:
+        for name in plots_mod.CHARTS:
+            stale = out_dir / "plots" / name
+            if stale not in moved and stale.exists():
+                stale.unlink()
+    return moved
+
+
+def run_folder(text: str) -> str:
+    """argparse type of a RUN argument: `DIR` or `DIR:b1,b2`, DIR an existing folder."""
+    existing_dir(text.partition(":")[0])
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="glai-bench merge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dir", type=Path, help="where the merged report goes")
-    p.add_argument("runs", nargs="+",
+    p.add_argument("out_dir", type=output_dir, help="where the merged report goes")
+    p.add_argument("runs", nargs="+", type=run_folder,
                    help="run folders written by glai-bench run (DIR:b1,b2: those backends' rows)")
     p.add_argument("--install-dispatch", action="store_true",
                    help="copy the merged dispatch table into glai_kernels/dispatch/")
@@ -156,10 +252,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="runs that repeat measurements: keep each one's median run's row")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    table, meta = merge([load(r) for r in args.runs], repeats=args.repeats)
+    try:
+        table, meta = merge([load(r) for r in args.runs], repeats=args.repeats)
+    except ValueError as e:  # a folder that is not a finished run, runs that do not fit
+        print(f"glai-bench merge: error: {e}", file=sys.stderr)
+        return 2
     for path in write(table, meta, args.out_dir, args.install_dispatch, not args.no_plots):
         print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.reporting import ceilings_report
-from bench.reporting.history import machine_kind
+from bench.reporting.history import machine_kind, write_atomic
 from glai_kernels import registry
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -239,7 +239,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
 def write(df: pd.DataFrame, meta: dict, out_dir: Path) -> Path:
     path = out_dir / "summary.md"
     charts = sorted(p.name for p in (out_dir / "plots").glob("*.png"))
-    path.write_text(render(df, meta, charts))
+    write_atomic(path, render(df, meta, charts))  # a failed write keeps the old summary
     return path
 
 

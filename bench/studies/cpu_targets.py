@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 import glai_kernels
+from bench.cli_types import positive_int
 from glai_kernels import extension
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
@@ -72,8 +73,8 @@ def forward_call(backend: str, x, act, weight):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench cpu-targets",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--threads", type=positive_int, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench.cli_types import fraction, positive_int, positive_int_list
 from bench.harness import native_peak
 from bench.studies.cpu_targets import best_time
 from glai_kernels import extension
@@ -77,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench kernel-peak",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--head", default="A1", choices=sorted(PAPER_HEADS))
-    parser.add_argument("--batches", default="256,4096")
-    parser.add_argument("--threads", default=None,
+    parser.add_argument("--batches", type=positive_int_list, default="256,4096")
+    parser.add_argument("--threads", type=positive_int_list, default=None,
                         help="comma-separated thread counts (default: 1 and torch's count)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--target", type=float, default=0.85)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--target", type=fraction, default=0.85)
     args = parser.parse_args(argv)
     build = extension.load()
     if build.error is not None:
@@ -90,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if PEAK_KERNEL not in native_peak.available_kernels():
         print(f"the {PEAK_KERNEL} peak kernel cannot run here: nothing to judge against")
         return 1
-    threads = ([int(t) for t in args.threads.split(",")] if args.threads
-               else sorted({1, torch.get_num_threads()}))
-    batches = [int(b) for b in args.batches.split(",")]
+    threads = args.threads or sorted({1, torch.get_num_threads()})
+    batches = args.batches
     print(f"{args.head}, float32, cpp ISA {torch.ops.glai_ext.cpu_isa()}, {args.rounds} rounds; "
           f"share of the {PEAK_KERNEL} peak (target >= {args.target:.0%})")
     misses = []

@@ -32,6 +32,7 @@ import torch
 
 import glai_kernels
 import glai_kernels.sparse as sparse
+from bench.cli_types import fraction, positive_int
 from bench.harness.timing import time_interleaved, warm
 from glai_kernels import extension
 from glai_kernels.sparse.backends import cpp as sparse_cpp
@@ -130,11 +131,11 @@ def run(shapes: list[str], batches: list[int], mu: float, repeats: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench sparse-cpp-timing",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--batches", type=int, nargs="+", default=[16])
-    parser.add_argument("--mu", type=float, default=0.01)
+    parser.add_argument("--repeats", type=positive_int, default=9)
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[16])
+    parser.add_argument("--mu", type=fraction, default=0.01)
     parser.add_argument("--shapes", nargs="+", default=["B1", "B2"], choices=list(SHAPES))
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time on this thread's CPU clock (time.thread_time) instead of the "
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.cpu_time and torch.get_num_threads() != 1:
-        raise SystemExit("--cpu-time counts this thread only: use it with --threads 1")
+        parser.error("argument --cpu-time: counts this thread only: use it with --threads 1")
     error = extension.cpu_availability("cpu")
     if error is not None:
         raise SystemExit(f"the cpp sparse backend is unavailable: {error}")

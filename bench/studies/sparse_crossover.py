@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from bench.cli_types import percent, positive_int
 from glai_kernels.glai import from_mlp, make_mlp, prune
 from glai_kernels.paper_heads import PAPER_HEADS
 
@@ -40,10 +41,11 @@ def step_time(head, x: torch.Tensor, repeats: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench sparse-crossover",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", nargs="+", default=["A1", "B1"])
-    parser.add_argument("--mus", type=float, nargs="+", default=[1, 3, 10, 25, 50])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--heads", nargs="+", default=["A1", "B1"], choices=list(PAPER_HEADS))
+    parser.add_argument("--mus", type=percent, nargs="+", default=[1, 3, 10, 25, 50],
+                        help="kept fractions in percent (default: 1 3 10 25 50)")
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B = {args.batch}")
     for name in args.heads:

@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from bench.cli_types import positive_int
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.sparse import from_dense
 from glai_kernels.sparse.layout import KeptIndex
@@ -105,8 +106,8 @@ SHAPES = {"B1": (1281, 320, 128, 0.0086), "A1": (385, 128, 37, 0.03)}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench sparse-torch-candidates",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--batches", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--repeats", type=positive_int, default=7)
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[16, 256])
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name, (inputs, paths, outputs, mu) in SHAPES.items():

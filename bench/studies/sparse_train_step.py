@@ -55,6 +55,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench.cli_types import positive_int
 from bench.harness.timing import time_interleaved, warm
 from glai_kernels.glai import make_optimizer, match, paper_training, prune
 from glai_kernels.glai.fused_step import FusedSparseStep
@@ -210,18 +211,31 @@ def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats
     return {key: timings[text].min_s for key, text in label.items()}
 
 
+def sparse_backend(name: str) -> str:
+    """`--backend`: a registered backend of the sparse op."""
+    from glai_kernels.sparse import SPARSE_ESTIMATOR
+
+    try:
+        SPARSE_ESTIMATOR.get(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench sparse-train-step",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS))
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--backend", default="cpp")
+    parser.add_argument("--heads", nargs="+", default=list(PAPER_HEADS),
+                        choices=list(PAPER_HEADS))
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=positive_int, default=7)
+    parser.add_argument("--backend", default="cpp", type=sparse_backend,
+                        help="a registered backend of the sparse op (default: cpp)")
     parser.add_argument("--pieces", action="store_true",
                         help="time the pieces of the ordinary GLAI step instead")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out the torch.compile'd MLP step (it compiles per head)")
-    parser.add_argument("--batch", type=int,
+    parser.add_argument("--batch", type=positive_int,
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
     args = parser.parse_args(argv)

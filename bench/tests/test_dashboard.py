@@ -95,7 +95,7 @@ def test_the_dashboard_names_a_foreign_file(tmp_path, capsys):
     history.append(results(), hist)
     (hist / KIND / "notes.json").write_text('{"kind": "something else"}')
     assert dashboard.main(["--history", str(hist), "--out", str(tmp_path / "i.html")]) == 2
-    assert "notes.json is not a glai-kernels history record" in capsys.readouterr().out
+    assert "notes.json is not a glai-kernels history record" in capsys.readouterr().err
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:

@@ -250,6 +250,17 @@ MALFORMED = {
     "bad-schema": (_record_text(schema="two"), "schema 'two' is not a version number"),
     "old-unknown-schema": (_record_text(schema=0), "schema 0 is unknown"),
     "ceilings-not-object": (_record_text(ceilings=[1]), "ceilings is list"),
+    # fields of the wrong type, each of which once stopped the whole dashboard
+    "batch-a-list": (_row_text(lambda rows: rows[0].update(batch=[16])),
+                     r"rows\[0\]\.batch is \[16\], expected an integer"),
+    "backend-a-number": (_row_text(lambda rows: rows[1].update(backend=7)),
+                         r"rows\[1\]\.backend is 7, expected a string"),
+    "median-a-string": (_row_text(lambda rows: rows[0].update(median_s="fast")),
+                        r"rows\[0\]\.median_s is 'fast', expected a number"),
+    "winner-a-number": (_row_text(lambda rows: rows[0].update(winner=1)),
+                        r"rows\[0\]\.winner is 1, expected true or false"),
+    "machine-a-number": (_record_text(provenance={"machine": 5, "device": "cpu"}),
+                         r"provenance\.machine is 5, expected a string"),
     "not-utf8": (b"\xff\xfe{".decode("latin-1"), "not readable JSON"),
 }
 
