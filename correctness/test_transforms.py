@@ -173,13 +173,16 @@ def test_hessian(case):
 
 
 def test_vmap(case):
-    """vmap over rows (one call on the stacked rows), over stacked weights, over both (a loop
-    of calls), and per-sample gradients (vmap of grad)."""
+    """vmap over rows (one call on the stacked rows; batched at dim 0 or 1), over stacked
+    weights (an empty batch too), over both (a loop of calls), and per-sample gradients
+    (vmap of grad)."""
     f, oracle, (x, act, w, bias) = _problem(*case)
     xs = torch.randn(N, *x.shape, dtype=F64, device=x.device)
     ws = torch.randn(N, *w.shape, dtype=F64, device=x.device)
     for in_dims, args in (((0, None, None, None), (xs, act, w, bias)),
+                          ((1, None, None, None), (xs.movedim(0, 1), act, w, bias)),
                           ((None, None, 0, None), (x, act, ws, bias)),
+                          ((None, None, 0, None), (x[:0], act[:0], ws, bias)),  # B = 0
                           ((0, None, 0, None), (xs, act, ws, bias))):
         _close(vmap(f, in_dims=in_dims)(*args), vmap(oracle, in_dims=in_dims)(*args))
 

@@ -175,12 +175,14 @@ def _fold_rows(n: int, slots: list, dims: list, rest: tuple, c: Contraction,
                k: int) -> torch.Tensor:
     """G_k on the N*B rows, [N, B, ...]: the rows of each n stay their own."""
     folded = list(slots)
+    # B, explicit (a view of an empty tensor needs its sizes); x is always there
+    rows = _stacked(slots[X], dims[X], n).shape[1]
     for j in _ROWS:
         if slots[j] is not None:
             t = _stacked(slots[j], dims[j], n)
-            folded[j] = t.reshape(-1, *t.shape[2:])
+            folded[j] = t.reshape(n * rows, *t.shape[2:])
     out = apply(c, k, folded, rest)
-    return out.view(n, -1, *out.shape[1:])
+    return out.view(n, rows, *out.shape[1:])
 
 
 def _fold_outputs(n: int, slots: list, dims: list, rest: tuple, c: Contraction,
@@ -189,11 +191,12 @@ def _fold_outputs(n: int, slots: list, dims: list, rest: tuple, c: Contraction,
     outputs of each n stay their own. y [B, N*O] comes back as [B, N, O], batched at 1."""
     folded = list(slots)
     w = _stacked(slots[W], dims[W], n)
-    folded[W] = w.reshape(-1, *w.shape[2:])
+    outputs = w.shape[1]  # O (explicit sizes: a view of an empty tensor needs them)
+    folded[W] = w.reshape(n * outputs, *w.shape[2:])
     if slots[Y] is not None:
         dy = _stacked(slots[Y], dims[Y], n)  # [N, B, O] -> [B, N*O]
-        folded[Y] = dy.movedim(0, 1).reshape(dy.shape[1], -1)
+        folded[Y] = dy.movedim(0, 1).reshape(dy.shape[1], n * outputs)
     out = apply(c, k, folded, rest)
     if k == Y:
-        return out.view(out.shape[0], n, -1), 1
-    return out.view(n, -1, *out.shape[1:]), 0
+        return out.view(out.shape[0], n, outputs), 1
+    return out.view(w.shape), 0
