@@ -170,6 +170,11 @@ def test_hessian(case):
                        argnums=(0, 1, 2))(x, act, w)
 
     _close(on(f), on(oracle))
+    # a loss linear in x: its dx does not depend on x, whose tangent then meets only the
+    # gradient's shape-giving slot (transforms.py): a zero Hessian, not an error
+    c = torch.randn_like(oracle(x, act, w, bias))
+    zero = hessian(lambda x: (f(x, act, w, bias) * c).sum())(x)
+    _close(zero, torch.zeros_like(zero))
 
 
 def test_vmap(case):
@@ -192,6 +197,30 @@ def test_vmap(case):
         return vmap(grad(loss, argnums=(0, 1, 2)), in_dims=(None, 0, 0))(w, x, act)
 
     _close(per_sample(f), per_sample(oracle))
+
+
+def test_vmap_calls_the_backend_once_where_it_folds(spy_calls):
+    """Rows fold into B and stacked dense weights into O: one backend call each, forward and
+    the gradient that keeps them apart; the weight's gradient for batched rows is N calls."""
+    x, act, w, bias = _inputs("cpu", SHAPE)
+    xs, ws = torch.stack([x] * N), torch.stack([w] * N)
+
+    def f(x, act, w):
+        return estimator(x, act, w, bias, backend="spy_high")
+
+    def calls_of(run) -> list[str]:
+        spy_calls.clear()
+        run()
+        return list(spy_calls)
+
+    assert calls_of(lambda: vmap(f, in_dims=(0, None, None))(xs, act, w)) == ["spy_high.forward"]
+    assert calls_of(lambda: vmap(f, in_dims=(None, None, 0))(x, act, ws)) == ["spy_high.forward"]
+    per_row_dx = vmap(grad(lambda x: f(x, act, w).sum()))
+    assert calls_of(lambda: per_row_dx(xs)) == ["spy_high.forward", "spy_high.backward"]
+    per_head_dw = vmap(grad(lambda w: f(x, act, w).sum()))
+    assert calls_of(lambda: per_head_dw(ws)) == ["spy_high.forward", "spy_high.backward"]
+    per_row_dw = vmap(grad(lambda x, w: f(x, act, w).sum(), argnums=1), in_dims=(0, None))
+    assert calls_of(lambda: per_row_dw(xs, w)) == ["spy_high.forward"] + ["spy_high.backward"] * N
 
 
 def test_grad_matches_backward_bit_for_bit(backend_device):
