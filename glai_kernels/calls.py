@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.autograd import forward_ad
 
 from glai_kernels.contract import accumulation_dtype, bias_gradient
 from glai_kernels.registry import AUTO, Backend, Registry
@@ -177,6 +178,66 @@ def op_gradients(ctx, dy: torch.Tensor | None, backward_op: Callable,
     return (*grads, dbias)
 
 
+# ---- the backward ops' autograd: gradients of gradients -----------------------------------
+# The backward op maps (dy, x, act, weight) to
+#     gx = Bx(dy, act, weight)    gact = Bact(dy, x, weight)    gweight = Bw(dy, x, act),
+# each linear in each argument, so for incoming gradients (ggx, ggact, ggweight):
+#     d dy     = E(ggx, act, weight) + E(x, ggact, weight) + E(x, act, ggweight)
+#     d x      = Bx(dy, ggact, weight) + Bx(dy, act, ggweight)
+#     d act    = Bact(dy, ggx, weight) + Bact(dy, x, ggweight)
+#     d weight = Bw(dy, ggx, act) + Bw(dy, x, ggact)
+# with E the forward (for the sparse op, weight is the values on the same index, which gets
+# no gradient). Both ops are differentiable, so higher orders follow.
+
+
+def backward_setup_context(ctx, dy: torch.Tensor, tensors: Tensors, rest: tuple,
+                           backend: str) -> None:
+    """Keep on `ctx` what `double_backward` needs: dy, the inputs, `rest`'s tensors (the
+    sparse index), the backend's name."""
+    ctx.save_for_backward(dy, *tensors, *rest)
+    ctx.backend = backend
+
+
+def _present(g: torch.Tensor | None, like: torch.Tensor) -> bool:
+    # a gradient the first backward did not compute is an empty [0]; so is its incoming one
+    return g is not None and tuple(g.shape) == tuple(like.shape)
+
+
+def double_backward(ctx, incoming: Sequence[torch.Tensor | None], forward_of: Callable,
+                    grad_of: Callable) -> tuple[torch.Tensor | None, ...]:
+    """(d dy, d x, d act, d weight) of the backward op for the incoming (ggx, ggact,
+    ggweight), None where not needed, by the formulas above: `forward_of(x, act, weight,
+    rest, backend)` is E, `grad_of(which, dy, x, act, weight, rest, backend)` one gradient
+    (0: x, 1: act, 2: weight), each an op call (so differentiable again); `rest` is the tuple
+    of the tensors `backward_setup_context` kept after the inputs."""
+    dy, x, act, weight, *kept = ctx.saved_tensors
+    rest, name = tuple(kept), ctx.backend
+    need_dy, *needed = ctx.needs_input_grad[:4]
+    args = (x, act, weight)
+    # each incoming gradient stands in for its argument in turn, in the order x, act,
+    # weight, so each total sums its terms in that order
+    dy_terms: list[torch.Tensor] = []
+    arg_terms: list[list[torch.Tensor]] = [[], [], []]
+    for j, (gg, like) in enumerate(zip(incoming, args, strict=True)):
+        if not _present(gg, like):
+            continue
+        at = tuple(gg if k == j else a for k, a in enumerate(args))
+        if need_dy:
+            dy_terms.append(forward_of(*at, rest, name))
+        for k in range(3):
+            if k != j and needed[k]:
+                arg_terms[k].append(grad_of(k, dy, *at, rest, name))
+
+    def total(parts: list[torch.Tensor], like: torch.Tensor, need: bool) -> torch.Tensor | None:
+        if not need:
+            return None
+        return sum(parts[1:], parts[0]) if parts else torch.zeros_like(like)
+
+    return (total(dy_terms, dy, need_dy),
+            *(total(parts, like, need) for parts, like, need in zip(arg_terms, args, needed,
+                                                                     strict=True)))
+
+
 # ---- eager calls that autograd will not record ---------------------------------------------
 # Through torch.library a custom op call costs ~20 µs of Python (autograd wrapper, dispatch,
 # argument checks) before its body runs: 15% of the dense C2 forward at B = 16, as much as the
@@ -188,16 +249,26 @@ def op_gradients(ctx, dy: torch.Tensor | None, backward_op: Callable,
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter is a plain tensor to dispatch
 
 
+def transformed() -> bool:
+    """Whether a torch.func transform or a torch.autograd.forward_ad level is active: a call
+    may then see batched or dual tensors, which neither the custom ops nor the backends'
+    kernels follow, so it runs as glai_kernels/transforms.py's Function. (A dual tensor
+    exists only inside a level, and torch.func.jvp opens one.)"""
+    return (torch._C._are_functorch_transforms_active()
+            or forward_ad._current_level >= 0)
+
+
 def eager_route(tensors: tuple) -> bool:
     """Whether a call on `tensors` may skip the custom ops: plain tensors (not meta), outside
-    torch.compile, under no dispatch or function mode and no functorch transform."""
+    torch.compile, under no dispatch or function mode, no functorch transform and no
+    forward-AD level."""
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or t.is_meta):
             return False
     return not (torch.compiler.is_compiling()
                 or torch._C._len_torch_dispatch_stack()
                 or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active())
+                or transformed())
 
 
 def records_gradient(tensors: tuple) -> bool:

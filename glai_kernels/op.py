@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels import calls, dispatch, registry
-from glai_kernels.contract import check_inputs
+from glai_kernels import calls, dispatch, registry, transforms
+from glai_kernels.contract import Shape, check_inputs
 
 # Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
 AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -155,65 +155,28 @@ def _backward(ctx, dy, _dsaved):
 estimator_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-# ---- double backward ---------------------------------------------------------------------
-# The backward op maps (dy, x, act, weight) to
-#     gx = Bx(dy, act, weight)    gact = Bact(dy, x, weight)    gweight = Bw(dy, x, act),
-# each linear in each argument, so for incoming gradients (ggx, ggact, ggweight):
-#     d dy     = E(ggx, act, weight) + E(x, ggact, weight) + E(x, act, ggweight)
-#     d x      = Bx(dy, ggact, weight) + Bx(dy, act, ggweight)
-#     d act    = Bact(dy, ggx, weight) + Bact(dy, x, ggweight)
-#     d weight = Bw(dy, ggx, act) + Bw(dy, x, ggact)
-# with E the forward. Both ops are differentiable, so higher orders follow.
+# ---- double backward ------------------------------------------------------------------------
+# The backward op has its own autograd formula, written with the two ops (calls.py, "the
+# backward ops' autograd"), so gradients of gradients run on the same backend.
 
 
 def _backward_setup_context(ctx, inputs, output):
     dy, x, act, weight, _saved, _needs, backend = inputs
-    ctx.save_for_backward(dy, x, act, weight)
-    ctx.backend = backend
+    calls.backward_setup_context(ctx, dy, (x, act, weight), (), backend)
 
 
-def _forward_of(x, act, weight, backend: str) -> torch.Tensor:
+def _forward_of(x, act, weight, _rest, backend: str) -> torch.Tensor:
     return estimator_op(x, act, weight, None, backend, False)[0]
 
 
-def _grad_of(which: int, dy, x, act, weight, backend: str) -> torch.Tensor:
+def _grad_of(which: int, dy, x, act, weight, _rest, backend: str) -> torch.Tensor:
     """One gradient (0: x, 1: act, 2: weight) of the op at (x, act, weight) for dy."""
     needs = [which == 0, which == 1, which == 2]
     return estimator_backward_op(dy, x, act, weight, x.new_empty(0), needs, backend)[which]
 
 
-def _present(g: torch.Tensor | None, like: torch.Tensor) -> bool:
-    # a gradient the first backward did not compute is an empty [0]; so is its incoming one
-    return g is not None and tuple(g.shape) == tuple(like.shape)
-
-
 def _double_backward(ctx, ggx, ggact, ggweight):
-    dy, x, act, weight = ctx.saved_tensors
-    name = ctx.backend
-    need_dy, *needed = ctx.needs_input_grad[:4]
-    args = (x, act, weight)
-    # the formulas above: each incoming gradient stands in for its argument in turn, in the
-    # order x, act, weight, so each total sums its terms in that order
-    dy_terms: list[torch.Tensor] = []
-    arg_terms: list[list[torch.Tensor]] = [[], [], []]
-    for j, (gg, like) in enumerate(zip((ggx, ggact, ggweight), args, strict=True)):
-        if not _present(gg, like):
-            continue
-        at = tuple(gg if k == j else a for k, a in enumerate(args))
-        if need_dy:
-            dy_terms.append(_forward_of(*at, name))
-        for k in range(3):
-            if k != j and needed[k]:
-                arg_terms[k].append(_grad_of(k, dy, *at, name))
-
-    def total(parts: list[torch.Tensor], like: torch.Tensor, need: bool) -> torch.Tensor | None:
-        if not need:
-            return None
-        return sum(parts[1:], parts[0]) if parts else torch.zeros_like(like)
-
-    return (total(dy_terms, dy, need_dy),
-            *(total(parts, like, need) for parts, like, need in zip(arg_terms, args, needed,
-                                                                     strict=True)),
+    return (*calls.double_backward(ctx, (ggx, ggact, ggweight), _forward_of, _grad_of),
             None, None, None)
 
 
@@ -296,11 +259,24 @@ def estimator(
             if impl.eager is not None and not calls.is_empty(shape):
                 return impl.eager(x, act, weight, bias, save)
             return _EagerEstimator.apply(x, act, weight, bias, (), impl, shape, save)
+        if calls.transformed():
+            # batched or dual tensors: the op as a functorch-ready Function (transforms.py)
+            impl = registry.resolve(backend, device, x.dtype, call)
+            return transforms.forward(_contraction(impl), x, act, weight, (), bias)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
         name = _resolved(backend, device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = estimator_op(x, act, weight, bias, name, save)
     return y
+
+
+def _check(x, act, weight, _rest) -> Shape:
+    return check_inputs(x, act, weight)
+
+
+def _contraction(impl: registry.Backend) -> transforms.Contraction:
+    """The dense op on `impl` for transforms.py: stacked weights fold into the outputs."""
+    return transforms.Contraction(impl, _check, _NAMES, fold_outputs=True)
 
 
 class _EagerEstimator(calls.EagerFunction):

@@ -19,10 +19,10 @@ import os
 
 import torch
 
-from glai_kernels import calls, dispatch
+from glai_kernels import calls, dispatch, transforms
 from glai_kernels.op import AUTOCAST_DEVICES, autocast_dtype, autocast_inputs
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
-from glai_kernels.sparse.contract import as_index, check_inputs
+from glai_kernels.sparse.contract import SparseShape, as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR
 from glai_kernels.sparse.weight import SparsePathWeight
@@ -98,6 +98,36 @@ def _backward(ctx, dy, _dsaved):
 sparse_estimator_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---- double backward ------------------------------------------------------------------------
+# As the dense op's (calls.py, "the backward ops' autograd"): the values in place of the
+# weight, the index a non-differentiable list.
+
+
+def _backward_setup_context(ctx, inputs, output):
+    dy, x, act, values, index, _saved, _needs, backend = inputs
+    calls.backward_setup_context(ctx, dy, (x, act, values), tuple(index), backend)
+
+
+def _forward_of(x, act, values, index, backend: str) -> torch.Tensor:
+    return sparse_estimator_op(x, act, values, list(index), None, backend, False)[0]
+
+
+def _grad_of(which: int, dy, x, act, values, index, backend: str) -> torch.Tensor:
+    """One gradient (0: x, 1: act, 2: values) of the op at (x, act, values) for dy."""
+    needs = [which == 0, which == 1, which == 2]
+    return sparse_estimator_backward_op(dy, x, act, values, list(index), x.new_empty(0), needs,
+                                        backend)[which]
+
+
+def _double_backward(ctx, ggx, ggact, ggvalues):
+    grads = calls.double_backward(ctx, (ggx, ggact, ggvalues), _forward_of, _grad_of)
+    return (*grads, [None] * len(KeptIndex._fields), None, None, None)
+
+
+sparse_estimator_backward_op.register_autograd(_double_backward,
+                                               setup_context=_backward_setup_context)
+
+
 def estimator(
     x: torch.Tensor,
     act: torch.Tensor,
@@ -154,6 +184,9 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
         if not calls.records_gradient(tensors):
             return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
         return _EagerSparse.apply(x, act, values, bias, rest, impl, shape, act.requires_grad)
+    if calls.transformed():
+        # batched or dual tensors: the op as a functorch-ready Function (transforms.py)
+        return transforms.forward(_contraction(impl), x, act, values, tuple(index), bias)
     save = torch.is_grad_enabled() and act.requires_grad
     y, _ = sparse_estimator_op(x, act, values, list(index), bias, impl.name, save)
     return y
@@ -167,16 +200,32 @@ def contiguous_index(index: KeptIndex) -> KeptIndex:
     return KeptIndex(*(t.contiguous() for t in index))
 
 
+def _graph_backward(dy, x, act, values, index: KeptIndex, saved, needs, backend: str):
+    """The backward op for a backward that builds a graph (the op takes the index as a
+    list)."""
+    return sparse_estimator_backward_op(dy, x, act, values, list(index), saved, needs, backend)
+
+
 class _EagerSparse(calls.EagerFunction):
-    """The sparse op's eager node (calls.EagerFunction): once differentiable, as the sparse
-    backward op has no autograd formula of its own."""
+    """The sparse op's eager node (calls.EagerFunction); a backward that builds a graph
+    (create_graph) calls the backward op, whose own autograd formula gives gradients of
+    gradients."""
 
     names = _NAMES
+    graph_backward = _graph_backward
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        return calls.EagerFunction.backward(ctx, dy)
+
+def _check(x, act, values, packed) -> SparseShape:
+    return check_inputs(x, act, values, packed[0], weight_name="values")
+
+
+def _pack(rest: tuple) -> tuple[KeptIndex]:
+    return (KeptIndex(*rest),)
+
+
+def _contraction(impl: Backend) -> transforms.Contraction:
+    """The sparse op on `impl` for transforms.py: the index travels as its ten tensors."""
+    return transforms.Contraction(impl, _check, _NAMES, fold_outputs=False, pack=_pack)
 
 
 def auto_call(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,

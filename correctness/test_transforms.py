@@ -1,0 +1,320 @@
+"""Both ops under PyTorch's transforms (issue 43), against the same transform of the float64
+einsum oracle on every backend here: torch.func's grad, vjp, jacrev, jvp, jacfwd, hessian,
+vmap (over rows, over stacked weights, both, and per-sample gradients) and functional_call,
+torch.autograd.forward_ad, torch.export; and the sparse op's double backward (issue 40 item
+2): gradgradcheck on every sparse backend, by its eager route and by its custom op.
+
+These are Python-level transforms: the CUDA emulation (correctness/cuda_emulation) does not
+apply to them; the `cuda` backends run them only on a CUDA machine. Shapes are tiny: the
+`compile` and `triton` backends (Triton's interpreter on CPU) are slow per call.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from backends_under_test import backend_param
+from torch.autograd import forward_ad, gradcheck, gradgradcheck
+from torch.func import (
+    functional_call,
+    grad,
+    hessian,
+    jacfwd,
+    jacrev,
+    jvp,
+    stack_module_state,
+    vjp,
+    vmap,
+)
+
+import glai_kernels.sparse as sparse
+from glai_kernels import GLAIEstimator, estimator, registry
+from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
+from glai_kernels.sparse.op import sparse_estimator_op
+
+F64 = torch.float64
+SHAPE = (4, 6, 5, 3)  # (B, I, P, O): the issue's shapes
+SMALL = (2, 3, 2, 2)  # for the many calls of hessian and gradgradcheck
+N = 3  # the vmap batch
+
+
+def _sparse_params() -> list:
+    chosen = os.environ.get(registry.ENV_VAR)
+    names = sorted(SPARSE_ESTIMATOR.names())
+    if chosen and chosen != registry.AUTO:
+        names = [n for n in names if n == chosen]
+    return [backend_param(name, SPARSE_ESTIMATOR.get(name), device)
+            for name in names for device in SPARSE_ESTIMATOR.get(name).devices]
+
+
+@pytest.fixture(params=_sparse_params())
+def sparse_backend(request) -> tuple[str, str]:
+    """(sparse backend name, device) for every available pair."""
+    return request.param
+
+
+class _SparseCall(torch.nn.Module):
+    """The sparse op as a module, so functional_call swaps its values: (x, act, bias) -> y."""
+
+    def __init__(self, sw, backend: str):
+        super().__init__()
+        self.sw, self.backend = sw, backend
+
+    def forward(self, x, act, bias):
+        return sparse.estimator(x, act, self.sw, bias, backend=self.backend)
+
+
+def _inputs(device: str, shape, weight_shape=None) -> tuple[torch.Tensor, ...]:
+    """(x [B, I], act [B, P], weight [O, I, P] or `weight_shape`, bias [O]), float64."""
+    batch, inputs, paths, outputs = shape
+    torch.manual_seed(0)
+    return tuple(torch.randn(*s, dtype=F64, device=device)
+                 for s in ((batch, inputs), (batch, paths),
+                           weight_shape or (outputs, inputs, paths), (outputs,)))
+
+
+def _sparse_weight(device: str, shape):
+    _, inputs, paths, outputs = shape
+    torch.manual_seed(1)
+    mask = torch.rand(outputs, inputs, paths) < 0.5
+    return from_dense(torch.randn(outputs, inputs, paths, dtype=F64), mask).to(device)
+
+
+def _problem(kind: str, name: str, device: str, shape=SHAPE):
+    """(f, oracle, (x, act, w, bias)): f(x, act, w, bias) -> y [B, O] on the op and backend
+    (w the dense weight, or the kept values [K] through functional_call), the oracle the
+    same function by einsum in float64."""
+    if kind == "dense":
+        def f(x, act, w, bias):
+            return estimator(x, act, w, bias, backend=name)
+
+        def oracle(x, act, w, bias):
+            return torch.einsum("bi,bs,ois->bo", x, act, w) + bias
+
+        return f, oracle, _inputs(device, shape)
+    sw = _sparse_weight(device, shape)
+    module, entries = _SparseCall(sw, name), sw.entries()
+
+    def f_sparse(x, act, values, bias):
+        return functional_call(module, {"sw.values": values}, (x, act, bias))
+
+    def oracle_sparse(x, act, values, bias):
+        weight = values.new_zeros(sw.shape).index_put(entries, values)
+        return torch.einsum("bi,bs,ois->bo", x, act, weight) + bias
+
+    return f_sparse, oracle_sparse, _inputs(device, shape, sw.values.shape)
+
+
+def _problem_params() -> list:
+    """Every dense backend on the dense op, every sparse backend on the sparse op."""
+    from conftest import backend_device_params
+    return [pytest.param((kind, *p.values[0]), id=f"{kind}-{p.id}", marks=p.marks)
+            for kind, params in (("dense", backend_device_params()),
+                                 ("sparse", _sparse_params()))
+            for p in params]
+
+
+@pytest.fixture(params=_problem_params())
+def case(request) -> tuple[str, str, str]:
+    """(op: "dense" or "sparse", backend name, device)."""
+    return request.param
+
+
+def _close(got, expected):
+    # float64 both sides: the default float64 tolerances, tighter than gradcheck's
+    torch.testing.assert_close(got, expected)
+
+
+ALL = (0, 1, 2, 3)  # argnums: x, act, w, bias
+
+
+def _loss(f):
+    return lambda *args: f(*args).square().sum()
+
+
+def test_reverse_mode(case):
+    """grad, vjp and jacrev in every argument."""
+    f, oracle, args = _problem(*case)
+    _close(grad(_loss(f), argnums=ALL)(*args), grad(_loss(oracle), argnums=ALL)(*args))
+    dy = torch.randn_like(oracle(*args))
+    _close(vjp(f, *args)[1](dy), vjp(oracle, *args)[1](dy))
+    _close(jacrev(f, argnums=ALL)(*args), jacrev(oracle, argnums=ALL)(*args))
+
+
+def test_forward_mode(case):
+    """jvp, jacfwd and torch.autograd.forward_ad: never a zero or a dropped tangent."""
+    f, oracle, args = _problem(*case)
+    tangents = tuple(torch.randn_like(a) for a in args)
+    y, ydot = jvp(f, args, tangents)
+    _close(y, oracle(*args))
+    _close(ydot, jvp(oracle, args, tangents)[1])
+    assert ydot.abs().max() > 0.1
+    _close(jacfwd(f, argnums=ALL)(*args), jacfwd(oracle, argnums=ALL)(*args))
+    with forward_ad.dual_level():
+        duals = [forward_ad.make_dual(a, t) for a, t in zip(args, tangents, strict=True)]
+        tangent = forward_ad.unpack_dual(f(*duals)).tangent
+        expected = forward_ad.unpack_dual(oracle(*duals)).tangent
+    assert tangent is not None
+    _close(tangent, expected)
+
+
+def test_hessian(case):
+    """hessian (jacfwd of jacrev) of a squared loss in x, act and w."""
+    f, oracle, (x, act, w, bias) = _problem(*case, SMALL)
+
+    def on(fn):
+        return hessian(lambda x, act, w: fn(x, act, w, bias).square().sum(),
+                       argnums=(0, 1, 2))(x, act, w)
+
+    _close(on(f), on(oracle))
+    # a loss linear in x: its dx does not depend on x, whose tangent then meets only the
+    # gradient's shape-giving slot (transforms.py): a zero Hessian, not an error
+    c = torch.randn_like(oracle(x, act, w, bias))
+    zero = hessian(lambda x: (f(x, act, w, bias) * c).sum())(x)
+    _close(zero, torch.zeros_like(zero))
+
+
+def test_vmap(case):
+    """vmap over rows (one call on the stacked rows; batched at dim 0 or 1), over stacked
+    weights (an empty batch too), over both (a loop of calls), and per-sample gradients
+    (vmap of grad)."""
+    f, oracle, (x, act, w, bias) = _problem(*case)
+    xs = torch.randn(N, *x.shape, dtype=F64, device=x.device)
+    ws = torch.randn(N, *w.shape, dtype=F64, device=x.device)
+    for in_dims, args in (((0, None, None, None), (xs, act, w, bias)),
+                          ((1, None, None, None), (xs.movedim(0, 1), act, w, bias)),
+                          ((None, None, 0, None), (x, act, ws, bias)),
+                          ((None, None, 0, None), (x[:0], act[:0], ws, bias)),  # B = 0
+                          ((0, None, 0, None), (xs, act, ws, bias))):
+        _close(vmap(f, in_dims=in_dims)(*args), vmap(oracle, in_dims=in_dims)(*args))
+
+    def per_sample(fn):
+        def loss(w, x, act):
+            return fn(x[None], act[None], w, bias).square().sum()
+        return vmap(grad(loss, argnums=(0, 1, 2)), in_dims=(None, 0, 0))(w, x, act)
+
+    _close(per_sample(f), per_sample(oracle))
+
+
+def test_vmap_calls_the_backend_once_where_it_folds(spy_calls):
+    """Rows fold into B and stacked dense weights into O: one backend call each, forward and
+    the gradient that keeps them apart; the weight's gradient for batched rows is N calls."""
+    x, act, w, bias = _inputs("cpu", SHAPE)
+    xs, ws = torch.stack([x] * N), torch.stack([w] * N)
+
+    def f(x, act, w):
+        return estimator(x, act, w, bias, backend="spy_high")
+
+    def calls_of(run) -> list[str]:
+        spy_calls.clear()
+        run()
+        return list(spy_calls)
+
+    assert calls_of(lambda: vmap(f, in_dims=(0, None, None))(xs, act, w)) == ["spy_high.forward"]
+    assert calls_of(lambda: vmap(f, in_dims=(None, None, 0))(x, act, ws)) == ["spy_high.forward"]
+    per_row_dx = vmap(grad(lambda x: f(x, act, w).sum()))
+    assert calls_of(lambda: per_row_dx(xs)) == ["spy_high.forward", "spy_high.backward"]
+    per_head_dw = vmap(grad(lambda w: f(x, act, w).sum()))
+    assert calls_of(lambda: per_head_dw(ws)) == ["spy_high.forward", "spy_high.backward"]
+    per_row_dw = vmap(grad(lambda x, w: f(x, act, w).sum(), argnums=1), in_dims=(0, None))
+    assert calls_of(lambda: per_row_dw(xs, w)) == ["spy_high.forward"] + ["spy_high.backward"] * N
+
+
+def test_grad_matches_backward_bit_for_bit(backend_device):
+    """torch.func.grad and the ordinary backward compute the same gradient of x and of w (on
+    the eager route dact may come from the forward's kept partial sums instead)."""
+    name, device = backend_device
+    inputs = _inputs(device, SHAPE)
+    dy = torch.randn(SHAPE[0], SHAPE[3], dtype=F64, device=device)
+    for which in (0, 2):
+        leaf = inputs[which].clone().requires_grad_(True)
+
+        def loss(t, which=which):
+            args = [*inputs[:which], t, *inputs[which + 1:]]
+            return (estimator(*args, backend=name) * dy).sum()
+
+        loss(leaf).backward()
+        assert torch.equal(grad(loss)(inputs[which]), leaf.grad)
+
+
+def test_ensemble_of_modules(backend_device):
+    """stack_module_state + functional_call + vmap over GLAIEstimator heads: each head's own
+    output and gradient, as N separate calls give them."""
+    name, device = backend_device
+    torch.manual_seed(2)
+    _, inputs, paths, outputs = SHAPE
+    heads = [GLAIEstimator(inputs, paths, outputs, backend=name, device=device, dtype=F64)
+             for _ in range(N)]
+    params, buffers = stack_module_state(heads)
+    base = copy.deepcopy(heads[0]).to("meta")
+    x, act = _inputs(device, SHAPE)[:2]
+
+    def call(params, buffers, x, act):
+        return functional_call(base, (params, buffers), (x, act))
+
+    ys = vmap(call, in_dims=(0, 0, None, None))(params, buffers, x, act)
+    ys.square().sum().backward()
+    for n, head in enumerate(heads):
+        y = head(x, act)
+        y.square().sum().backward()
+        _close(ys[n], y)
+        _close(params["weight"].grad[n], head.weight.grad)
+        _close(params["bias"].grad[n], head.bias.grad)
+
+
+# ---- torch.export --------------------------------------------------------------------------
+
+class _Dense(torch.nn.Module):
+    def forward(self, x, act, w, bias):
+        return estimator(x, act, w, bias, backend="torch")
+
+
+def _exported_matches(module, args, op_name: str) -> None:
+    program = torch.export.export(module, args)
+    assert op_name in str(program.graph)
+    _close(program.module()(*args), module(*args))
+
+
+def test_export():
+    """torch.export of the dense op, the sparse op and GLAIEstimator keeps the custom op."""
+    x, act, w, bias = _inputs("cpu", SHAPE)
+    _exported_matches(_Dense(), (x, act, w, bias), "glai.estimator")
+    module = GLAIEstimator(*SHAPE[1:], backend="torch", dtype=F64)
+    _exported_matches(module, (x, act), "glai.estimator")
+    sparse_module = _SparseCall(_sparse_weight("cpu", SHAPE), "torch")
+    _exported_matches(sparse_module, (x, act, bias), "glai.sparse_estimator")
+
+
+# ---- the sparse op's double backward --------------------------------------------------------
+
+def test_sparse_gradgradcheck(sparse_backend):
+    """gradgradcheck in float64 by the eager route (a Function whose create_graph backward
+    calls the backward op) and by the custom op (whose backward op has its own formula)."""
+    name, device = sparse_backend
+    f, _, args = _problem("sparse", name, device, SMALL)
+    args = tuple(a.requires_grad_(True) for a in args)
+    index = list(_sparse_weight(device, SMALL).index)
+
+    def through_op(x, act, values, bias):
+        return sparse_estimator_op(x, act, values, index, bias, name, True)[0]
+
+    # Triton's interpreter takes ~0.1 s a call: its checks project on random directions
+    fast = name == "triton" and device == "cpu"
+    for fn in (f, through_op):
+        assert gradcheck(fn, args, fast_mode=fast) and gradgradcheck(fn, args, fast_mode=fast)
+
+
+def test_sparse_gradient_penalty_reaches_act(sparse_backend):
+    """The issue's case: a penalty on dx (create_graph) moves dact as float64 einsum says."""
+    name, device = sparse_backend
+    f, oracle, args = _problem("sparse", name, device)
+
+    def penalty_grad(fn):
+        leaves = tuple(a.clone().requires_grad_(True) for a in args)
+        (dx,) = torch.autograd.grad(fn(*leaves).square().sum(), leaves[0], create_graph=True)
+        return torch.autograd.grad(dx.square().sum(), leaves[1])[0]
+
+    _close(penalty_grad(f), penalty_grad(oracle))

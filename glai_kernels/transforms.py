@@ -1,0 +1,206 @@
+"""Both ops under PyTorch's transforms: torch.func (grad, vjp, jacrev, jvp, jacfwd, hessian,
+vmap, functional_call) and torch.autograd.forward_ad.
+
+The custom ops have no forward-mode formula and torch.library's autograd Function is not
+functorch-ready; the eager fast paths (calls.py) and the backends' compiled or C++ kernels do
+not see dual or batched tensors. So while a transform or a forward-AD level is active
+(`calls.transformed`) each op runs as `_Slot`, a functorch-ready autograd.Function
+(setup_context, backward, jvp, vmap) whose work is the backend's forward or one gradient.
+
+Why one Function serves every derivative: the op is the trilinear form
+    T(y, x, act, w) = sum_{b,o,i,s} y[b,o] x[b,i] act[b,s] w[o,i,s]
+(sparse: the sum over the kept paths k, w the values [K] on the fixed index). Call its four
+arguments slots 0..3 (y [B, O], x [B, I], act [B, P], w). The forward is G_0 = dT/dy, and the
+gradients of x, act and w are G_1, G_2, G_3 (G_k = dT/d slot k, a function of the other
+three slots). Each G_k is linear in each of its arguments, so
+- its vjp for the incoming g (slot k's shape) with respect to slot j is G_j of the same
+  slots with slot k replaced by g;
+- its jvp is the sum over j of G_k with slot j replaced by its tangent;
+all of them calls of the op itself, on the same backend, differentiable again.
+
+The eager fast paths (the backend's C++ node, calls.EagerFunction) stay old-style: the
+eager route's test never takes them under a transform, and a setup_context Function binds its
+arguments with inspect.signature on every call, which the paper's B = 16 would pay each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from glai_kernels import calls
+from glai_kernels.registry import Backend
+
+Y, X, ACT, W = range(4)  # the slots
+
+
+@dataclass(frozen=True, eq=False)
+class Contraction:
+    """One op on one backend. `pack(rest)` turns the tensors after the slots (the Function's
+    arguments are tensors) into the backend's arguments after (x, act, w): () for the dense
+    op, (KeptIndex,) for the sparse one; `check(x, act, w, packed)` gives the call's shape
+    (the op's own argument checks, naming the argument at fault); `names` are the gradients'
+    names for the result checks; `fold_outputs` says that stacked weights [N, O, I, P] are
+    one weight [N*O, I, P] (the dense op; a sparse index cannot be stacked that way)."""
+
+    impl: Backend
+    check: Callable
+    names: tuple[str, str, str]
+    fold_outputs: bool
+    pack: Callable[[tuple], tuple] = tuple
+
+    def compute(self, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
+        """G_k of the other slots: k = 0 the forward y [B, O] (no bias), else the gradient of
+        slot k for dy = slots[0]. slots[k] only gives its shape (the backends' backward takes
+        every tensor)."""
+        dy, x, act, w = slots
+        rest = self.pack(rest)
+        shape = self.check(x, act, w, rest)
+        if k == Y:
+            y, _ = calls.run_forward(self.impl, shape, (x, act, w), rest, None, False)
+            calls.refuse_aliasing(self.impl, (x, act, w), y)
+            return y
+        needs = (k == X, k == ACT, k == W)
+        grads = calls.gradients(self.impl, dy, (x, act, w), rest, None, self.names, needs,
+                                calls.is_empty(shape))
+        return grads[k - 1]  # type: ignore[return-value]
+
+
+def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
+    """G_k (module docstring) recorded for every active transform; slots[k] may be None for
+    k = 0 (the forward needs no y)."""
+    return _Slot.apply(c, k, *slots, *rest)
+
+
+def forward(c: Contraction, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor, rest: tuple,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """The op's y [B, O] under a transform: G_0 plus the bias (an aten add, which every
+    transform knows)."""
+    y = apply(c, Y, (None, x, act, w), rest)
+    return y if bias is None else y + bias
+
+
+class _Slot(torch.autograd.Function):
+    """apply(contraction, k, y, x, act, w, *rest) -> G_k (module docstring). The tensor in
+    slot k gives only the result's shape: it gets no gradient and no tangent."""
+
+    @staticmethod
+    def forward(c, k, y, x, act, w, *rest):
+        return c.compute(k, (y, x, act, w), rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        c, k, *tensors = inputs
+        ctx.c, ctx.k = c, k
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx, g):
+        slots, rest = ctx.saved_tensors[:4], tuple(ctx.saved_tensors[4:])
+        k = ctx.k
+        grads: list[torch.Tensor | None] = [None] * 4
+        for j in range(4):
+            if j != k and ctx.needs_input_grad[2 + j] and g is not None:
+                # slot j's own tensor stands in its place: it gives the result's shape
+                grads[j] = apply(ctx.c, j, _replaced(slots, k, g), rest)
+        return (None, None, *grads, *(None for _ in rest))
+
+    @staticmethod
+    def jvp(ctx, _dc, _dk, *tangents):
+        slots, rest = ctx.saved_tensors[:4], tuple(ctx.saved_tensors[4:])
+        k = ctx.k
+        total = None
+        # the terms in slot order (x, act, w), as the double backward sums them
+        for j in range(4):
+            t = tangents[j]
+            if j != k and t is not None:
+                term = apply(ctx.c, k, _replaced(slots, j, t), rest)
+                total = term if total is None else total + term
+        return total
+
+    @staticmethod
+    def vmap(info, in_dims, c, k, *tensors):
+        return batched(info.batch_size, in_dims[2:], c, k, tensors)
+
+
+def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
+    out = list(slots)
+    out[j] = t
+    return out
+
+
+# ---- vmap ----------------------------------------------------------------------------------
+# Rows [B, ...] (y, x, act) batched over N, the weight not: one call on N*B rows, for the
+# forward and the gradients of x and act (each row's result its own). Stacked weights
+# [N, O, I, P] (an ensemble) with x and act shared: one call on the weight [N*O, I, P], for
+# the forward and the weight's gradient (each output's result its own). Anything else (the
+# weight's gradient for batched rows, batched rows and weights together, the sparse op's
+# stacked values or index): one call per n, stacked.
+
+_ROWS = (Y, X, ACT)
+
+
+def batched(n: int, dims: Sequence[int | None], c: Contraction, k: int,
+            tensors: Sequence) -> tuple[torch.Tensor, int | None]:
+    """(G_k over a batch of `n`, its batch dim) for `tensors` = (y, x, act, w, *rest), each
+    batched at `dims` (None: shared)."""
+    slots, rest = list(tensors[:4]), tuple(tensors[4:])
+    slot_dims, rest_dims = list(dims[:4]), dims[4:]
+    inputs = [j for j in range(4) if j != k and slot_dims[j] is not None]
+    if not inputs and all(d is None for d in rest_dims):
+        # only the shape-giving slot is batched: the result is the same for every n
+        if slot_dims[k] is not None:
+            slots[k] = slots[k].select(slot_dims[k], 0)
+        return apply(c, k, slots, rest), None
+    if all(d is None for d in rest_dims) and slot_dims[W] is None and k != W:
+        return _fold_rows(n, slots, slot_dims, rest, c, k), 0
+    if (c.fold_outputs and slot_dims[X] is None and slot_dims[ACT] is None and k in (Y, W)
+            and all(d is None for d in rest_dims)):
+        return _fold_outputs(n, slots, slot_dims, rest, c, k)
+    results = []
+    for i in range(n):
+        one = [t if d is None or t is None else t.select(d, i)
+               for t, d in zip(slots, slot_dims, strict=True)]
+        one_rest = tuple(t if d is None else t.select(d, i)
+                         for t, d in zip(rest, rest_dims, strict=True))
+        results.append(apply(c, k, one, one_rest))
+    return torch.stack(results), 0
+
+
+def _stacked(t: torch.Tensor, d: int | None, n: int) -> torch.Tensor:
+    """`t` with its batch dim first (expanded to `n` when shared)."""
+    return t.expand(n, *t.shape) if d is None else t.movedim(d, 0)
+
+
+def _fold_rows(n: int, slots: list, dims: list, rest: tuple, c: Contraction,
+               k: int) -> torch.Tensor:
+    """G_k on the N*B rows, [N, B, ...]: the rows of each n stay their own."""
+    folded = list(slots)
+    # B, explicit (a view of an empty tensor needs its sizes); x is always there
+    rows = _stacked(slots[X], dims[X], n).shape[1]
+    for j in _ROWS:
+        if slots[j] is not None:
+            t = _stacked(slots[j], dims[j], n)
+            folded[j] = t.reshape(n * rows, *t.shape[2:])
+    out = apply(c, k, folded, rest)
+    return out.view(n, rows, *out.shape[1:])
+
+
+def _fold_outputs(n: int, slots: list, dims: list, rest: tuple, c: Contraction,
+                  k: int) -> tuple[torch.Tensor, int]:
+    """G_k (the forward or the weight's gradient) of the dense weight [N*O, I, P]: the
+    outputs of each n stay their own. y [B, N*O] comes back as [B, N, O], batched at 1."""
+    folded = list(slots)
+    w = _stacked(slots[W], dims[W], n)
+    outputs = w.shape[1]  # O (explicit sizes: a view of an empty tensor needs them)
+    folded[W] = w.reshape(n * outputs, *w.shape[2:])
+    if slots[Y] is not None:
+        dy = _stacked(slots[Y], dims[Y], n)  # [N, B, O] -> [B, N*O]
+        folded[Y] = dy.movedim(0, 1).reshape(dy.shape[1], n * outputs)
+    out = apply(c, k, folded, rest)
+    if k == Y:
+        return out.view(out.shape[0], n, outputs), 1
+    return out.view(w.shape), 0
