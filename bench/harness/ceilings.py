@@ -31,13 +31,13 @@ measured median: above 100% means the model (a ceiling or a count) is wrong.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from bench.harness.passes import dtype_of
+from bench.harness.timing import best_call
 
 CPU_MATMUL_SIZES = (256, 512, 1024, 2048)
 CUDA_MATMUL_SIZES = (2048, 4096, 8192)
@@ -198,14 +198,7 @@ def _best_seconds(fn, device: torch.device, min_time_s: float) -> float:
         fn()
         torch.cuda.synchronize(device)
         return time_cuda(fn, device, min_time_s, per_call_s=0.0).min_s
-    fn()
-    best, calls, start = math.inf, 0, time.perf_counter()
-    while calls < 3 or time.perf_counter() - start < min_time_s:
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-        calls += 1
-    return best
+    return best_call(fn, min_time_s, max_calls=None, min_calls=3)
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, min_time_s: float = 0.2,

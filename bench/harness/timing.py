@@ -13,7 +13,9 @@ triton, the same done here with CUDA events.
 
 `time_calls` picks the one for the device; `warm` is the warm-up before either. The CPU timer
 also serves the one-off studies (bench/studies/): a clock of their choice (the thread's CPU
-time instead of the wall clock) and a thread count per function.
+time instead of the wall clock) and a thread count per function. `best_call` is the fastest
+single call, for rates (the library GEMM's, a kernel's share of the peak). Nothing in bench/
+times a call any other way.
 """
 
 from __future__ import annotations
@@ -82,6 +84,30 @@ def warm(fn: Callable[[], object], device: torch.device,
         sync(device)
         times.append(time.perf_counter() - t)
     return min(times), statistics.median(times[1:])
+
+
+def best_call(fn: Callable[[], object], min_time_s: float = 0.15,
+              max_calls: int | None = 20, min_calls: int = 2,
+              clock: Callable[[], float] = time.perf_counter) -> float:
+    """The fastest single call of `fn` on the CPU, after one warm-up call: calls until they span
+    `min_time_s` (at least `min_calls`, at most `max_calls`; None: no cap), garbage collection
+    off while timing. For a rate (a GEMM's, a kernel's share of a peak), where the fastest call
+    is the one the machine's other work disturbed least."""
+    fn()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        best, spent, calls = math.inf, 0.0, 0
+        while calls < min_calls or (spent < min_time_s
+                                    and (max_calls is None or calls < max_calls)):
+            start = clock()
+            fn()
+            elapsed = clock() - start
+            best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
+        return best
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # Shortest block: a block much shorter than a scheduler time slice (~4-24 ms) is either

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 import glai_kernels
 from bench.cli_types import positive_int
+from bench.harness.timing import best_call
 from glai_kernels import extension
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import make_inputs
@@ -37,18 +36,6 @@ EINSUM_SPEEDUP = 5.0
 TORCH_SPEEDUP = 1.0
 MM_SIZE = 2048
 TARGET_HEAD, TARGET_BATCH = "A1", 256
-
-
-def best_time(fn: Callable[[], object], min_seconds: float = 0.15, max_calls: int = 20) -> float:
-    """The fastest of several calls (after one warm-up), enough calls to span min_seconds."""
-    fn()
-    best, spent, calls = float("inf"), 0.0, 0
-    while calls < 2 or (spent < min_seconds and calls < max_calls):
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
-    return best
 
 
 def training_call(backend: str, x, act, weight, dy, grads: tuple[str, ...]):
@@ -112,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                                        "glai einsum/cpp", "glai torch/cpp")}
     mm_rates, cpp_full_ms = [], []
     for _ in range(args.rounds):
-        mm_rate = mm_flops / best_time(lambda: a @ b)
+        mm_rate = mm_flops / best_call(lambda: a @ b)
         mm_rates.append(mm_rate)
         for label, (fn, flops) in forward_fns.items():
-            fractions[label].append(flops / best_time(fn) / mm_rate)
+            fractions[label].append(flops / best_call(fn) / mm_rate)
         times = {}
         for kind, calls in (("full", full), ("glai", glai)):
             for n in contenders:
-                times[kind, n] = best_time(calls[n])
+                times[kind, n] = best_call(calls[n])
             ratios[f"{kind} einsum/cpp"].append(times[kind, "einsum"] / times[kind, "cpp"])
             ratios[f"{kind} torch/cpp"].append(times[kind, "torch"] / times[kind, "cpp"])
         cpp_full_ms.append(times["full", "cpp"] * 1e3)

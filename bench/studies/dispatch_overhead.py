@@ -14,23 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import timeit
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from bench.harness.timing import MIN_BLOCK_S, time_interleaved, warm
 from glai_kernels import dispatch, op, registry
 
 
-def _best(variants: dict[str, Callable[[], object]], number: int = 500,
-          rounds: int = 400) -> dict[str, float]:
-    """Microseconds per call of each variant: the fastest of `rounds` interleaved blocks."""
-    out = dict.fromkeys(variants, float("inf"))
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            out[name] = min(out[name], timeit.timeit(fn, number=number) / number * 1e6)
-    return out
+def _best(variants: dict[str, Callable[[], object]], rounds: int = 400) -> dict[str, float]:
+    """Microseconds per call of each variant: the fastest of `rounds` interleaved blocks
+    (bench/harness/timing.py)."""
+    per_call = {name: warm(fn, torch.device("cpu"))[1] for name, fn in variants.items()}
+    timed = time_interleaved(variants, per_call, MIN_BLOCK_S * rounds, rounds)
+    return {name: t.min_s * 1e6 for name, t in timed.items()}
 
 
 def measure() -> dict[str, dict[str, float]]:

@@ -10,32 +10,34 @@ backward (gradients to the path weights and the bias only; x and act need none),
 and zero_grad. The dense layout runs the dense op's auto backend on the masked [O, I, P']
 weight (with the gradient-mask hook), the sparse layout the sparse op's auto backend over
 the K kept values. Both heads come from one `prune` of one random MLP of the paper head's
-widths, so they compute the same function. Repeats interleave the layouts; the minimum over
-repeats is reported (the least disturbed run on a shared machine).
+widths, so they compute the same function. Repeats are the interleaved rounds of
+bench/harness/timing.py; the minimum over them is reported (the least disturbed run on a
+shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+from collections.abc import Callable
 
 import torch
 
 from bench.cli_types import percent, positive_int
+from bench.harness.timing import MIN_BLOCK_S, time_interleaved, warm
 from glai_kernels.glai import from_mlp, make_mlp, prune
 from glai_kernels.paper_heads import PAPER_HEADS
 
 
-def step_time(head, x: torch.Tensor, repeats: int) -> list[float]:
+def training_step(head, x: torch.Tensor) -> Callable[[], None]:
+    """One training step of `head` on `x` (forward, backward, Adam, zero_grad), as a call."""
     optimizer = torch.optim.Adam(head.parameters(), lr=1e-3)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def step() -> None:
         head(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return times
+
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,12 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         for mu in args.mus:
             heads = {layout: prune(head, reference, mu=mu / 100, layout=layout).head
                      for layout in ("dense", "sparse")}
-            for h in heads.values():
-                step_time(h, x, 1)  # warm up (builds, first allocations)
-            best = {layout: float("inf") for layout in heads}
-            for _ in range(args.repeats):
-                for layout, h in heads.items():
-                    best[layout] = min(best[layout], min(step_time(h, x, 1)))
+            steps = {layout: training_step(h, x) for layout, h in heads.items()}
+            # warm-up (builds, first allocations), then interleaved rounds (bench/harness/timing)
+            per_call = {layout: warm(step, x.device)[1] for layout, step in steps.items()}
+            timed = time_interleaved(steps, per_call, MIN_BLOCK_S * args.repeats, args.repeats)
+            best = {layout: t.min_s for layout, t in timed.items()}
             ratio = best["dense"] / best["sparse"]
             print(f"{name} mu={mu:5.1f}% K={heads['sparse'].path_count():9d} "
                   f"dense({heads['dense'].backend_used}) {1e3 * best['dense']:8.2f} ms  "

@@ -13,21 +13,21 @@ values of x), accumulating in float32 for half inputs:
           matrix with only the non-empty (o, s) rows; dx = CSR [I, G] @ (dy act)_g;
           dvalues by torch.sparse.sampled_addmm.
 Shapes: B1 (I=1281, P=320, O=128, μ=0.86%) and A1 (I=385, P=128, O=37, μ=3%), the
-weights random, the mask uniformly random at μ. Repeats are interleaved across candidates
-so a slow spell of the shared machine hits all of them alike; the minimum (the run least
-disturbed by the other processes on a shared machine) and the median are reported.
+weights random, the mask uniformly random at μ. Repeats are the interleaved rounds of
+bench/harness/timing.py, so a slow spell of the shared machine hits every candidate alike;
+the minimum (the round least disturbed by the other processes) and the median are reported.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 import warnings
 
 import torch
 
 from bench.cli_types import positive_int
+from bench.harness.timing import MIN_BLOCK_S, time_interleaved, warm
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.sparse import from_dense
 from glai_kernels.sparse.layout import KeptIndex
@@ -126,13 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                 for g, e in zip(got[1], reference[1], strict=True):
                     torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
             for pass_, grad in (("forward", None), ("fwd+bwd", dy)):
-                times: dict[str, list[float]] = {c: [] for c in CANDIDATES}
-                for _ in range(args.repeats):
-                    for cname, cand in CANDIDATES.items():
-                        start = time.perf_counter()
-                        cand(x, act, values, sw.index, grad)
-                        times[cname].append(time.perf_counter() - start)
-                cells = "  ".join(f"{c} {1e3 * min(t):7.2f} ({1e3 * statistics.median(t):.1f}) ms"
+                calls = {c: functools.partial(cand, x, act, values, sw.index, grad)
+                         for c, cand in CANDIDATES.items()}
+                per_call = {c: warm(call, x.device)[1] for c, call in calls.items()}
+                times = time_interleaved(calls, per_call, MIN_BLOCK_S * args.repeats,
+                                         args.repeats)
+                cells = "  ".join(f"{c} {1e3 * t.min_s:7.2f} ({1e3 * t.median_s:.1f}) ms"
                                   for c, t in times.items())
                 print(f"{name} K={sw.nnz} G={sw.index.groups} B={batch:3d} {pass_:8s} {cells}")
 

@@ -53,7 +53,7 @@ def test_the_ceiling_is_the_best_peak_sample_on_either_side_of_the_kernels(monke
 
     monkeypatch.setattr(kernel_peak.native_peak, "fma_rate", fake_rate)
     monkeypatch.setattr(kernel_peak, "kernel_calls", lambda head, batch: ({"forward": kernel}, 2e6))
-    monkeypatch.setattr(kernel_peak, "best_time", lambda fn, **_: (fn(), 1e-3)[1])
+    monkeypatch.setattr(kernel_peak, "best_call", lambda fn, **_: (fn(), 1e-3)[1])
     peak, got = kernel_peak.shares("A1", 16, 1, rounds=2)
     assert peak == 4e9 and got == {"forward": 0.5}  # 2 MFLOP in 1 ms against 4 GFLOP/s
     assert order == ["peak", "kernel", "peak", "kernel", "peak"]

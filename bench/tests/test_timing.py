@@ -45,3 +45,23 @@ def test_time_calls_times_on_the_cpu_and_fills_the_rows_fields():
     fields = out["a"].fields()
     assert set(fields) == {"median_s", "q25_s", "q75_s", "iqr_s", "min_s", "samples", "calls"}
     assert fields["samples"] == 3 and 0 < fields["min_s"] <= fields["median_s"]
+
+
+def test_best_call_is_the_fastest_single_call_within_its_bounds():
+    durations = iter([0.5, 0.003, 0.001, 0.002] + [0.004] * 100)  # the first is the warm-up
+    clock_now = [0.0]
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock_now[0] += next(durations)
+
+    best = timing.best_call(fn, min_time_s=0.006, max_calls=20, clock=lambda: clock_now[0])
+    # the warm-up's 0.5 s is not a sample; calls stop once they span 6 ms: 3 + 1 + 2
+    assert best == pytest.approx(0.001) and len(calls) == 4
+    capped = timing.best_call(lambda: clock_now.__setitem__(0, clock_now[0] + 1.0),
+                              min_time_s=100.0, max_calls=3, clock=lambda: clock_now[0])
+    assert capped == pytest.approx(1.0)
+    counted = []
+    timing.best_call(lambda: counted.append(1), min_time_s=0.0, min_calls=5)
+    assert len(counted) == 6  # one warm-up, then at least min_calls
