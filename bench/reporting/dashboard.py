@@ -116,8 +116,8 @@ def _summary_rows(rows: list[dict], backends: list[str]) -> str:
             # since the previous run is an old regression, not this run's
             changes = " · ".join(
                 "—" if ch is None else
-                f'<span class="{ch["mark"]}">{ch["pct"]:+.0f}%</span>' if ch["mark"] else
-                f"{ch['pct']:+.0f}%" for ch in (c["vs_prev"], c["vs_best"]))
+                f'<span class="{ch["mark"]}">{round(ch["pct"]):+d}%</span>' if ch["mark"] else
+                f"{round(ch['pct']):+d}%" for ch in (c["vs_prev"], c["vs_best"]))
             title = (f"latest {c['latest']:.3g}, previous {_fmt(c['prev'], '.3g') or '—'}, "
                      f"best of the last {dashboard_data.BEST_OF} {_fmt(c['best'], '.3g') or '—'}")
             cells.append(f'<td title="{html.escape(title)}">{c["latest"]:.2f}× '
@@ -166,7 +166,8 @@ def render(records: list[history.Record], out: Path = OUT) -> Path:
         baselines=html.escape(", ".join(baselines) or "?"),
         filters="\n".join(filters), batch=dashboard_data.PAPER_BATCH,
         best_of=dashboard_data.BEST_OF, band=html.escape(band),
-        band_source="; ".join(sorted({source for _, source in bands.values()})),
+        band_source="the regression gate's per-case floor ("
+                    + " or ".join(sorted({source for _, source in bands.values()})) + ")",
         summary_head="".join(f"<th>{html.escape(b)}<br><small>now · vs prev · vs best"
                              f"</small></th>" for b in backends),
         summary=_summary_rows(rows, backends), latest=latest_table(df),

@@ -41,9 +41,8 @@ def noise_band(machine: str) -> tuple[float, str]:
     except ValueError:  # an unreadable baseline: the default still says something
         baseline = None
     if baseline is not None and "case_floor" in baseline:
-        return float(baseline["case_floor"]), ("the regression gate's per-case floor "
-                                               "(its committed baseline's)")
-    return DEFAULT_BAND, "the regression gate's default per-case floor"
+        return float(baseline["case_floor"]), "its committed baseline's"
+    return DEFAULT_BAND, "its default"
 
 
 def old_roofline_model(record: history.Record) -> bool:

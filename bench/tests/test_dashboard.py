@@ -154,6 +154,25 @@ def test_the_dashboard_names_a_foreign_file(tmp_path, capsys):
     assert "notes.json is not a glai-kernels history record" in capsys.readouterr().err
 
 
+def test_kept_fraction_rows_at_the_matched_mu_are_a_series_of_their_own(tmp_path):
+    """The kept-fraction sweep's forward at the head's matched K is the "kept forward" pass;
+    its other kept fractions are not plotted."""
+    from bench.harness.sweeps import matched_keep
+    from glai_kernels.paper_heads import PAPER_HEADS
+
+    run = results()
+    case = {**run["rows"][1], "sweep": "kept", "backend": "cpp", "speedup_vs_baseline": None}
+    keep = matched_keep(PAPER_HEADS["A2"])
+    run["rows"] += [{**case, "mu": 0.01, "nnz": keep, "median_s": 1e-3},
+                    {**case, "mu": 0.5, "nnz": 50 * keep, "median_s": 9e-3}]
+    history.append(run, tmp_path)
+    records = history.load(tmp_path)
+    df = history.frame(records).assign(run=0)
+    kept = [s for s in dashboard_data.series(df, dashboard_data.run_table(records))
+            if s["p"] == dashboard_data.KEPT_PASS]
+    assert [(s["h"], s["k"], s["t"], s["s"]) for s in kept] == [("A2", "cpp", [1.0], [None])]
+
+
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
