@@ -1,10 +1,10 @@
-"""The dashboard: rendered from a history, it holds the plots, the latest table and the filters;
-in a real headless Chromium it renders, its plots are not blank and its script raises nothing."""
+"""The dashboard: rendered from a history, it holds the summary of what changed, the plots' data,
+the latest table and the filters; in a real headless Chromium it draws the plots, the filters
+change what is shown, the summary is on the first screen and its script raises nothing."""
 
 from __future__ import annotations
 
-import base64
-import io
+import json
 import re
 import shutil
 import subprocess
@@ -15,7 +15,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from bench.reporting import dashboard, history
+from bench.reporting import dashboard, dashboard_data, history
 from bench.tests.test_history import KIND, MALFORMED, results, write_malformed
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
@@ -37,24 +37,80 @@ def page(tmp_path) -> Path:
     return dashboard.render(history.load(tmp_path / "history"), tmp_path / "out" / "index.html")
 
 
-def _images(text: str) -> list[np.ndarray]:
-    srcs = re.findall(r'<img class="plot"[^>]* src="data:image/png;base64,([^"]+)"', text)
-    return [matplotlib.image.imread(io.BytesIO(base64.b64decode(s)), format="png")
-            for s in srcs]
+def _data(text: str) -> dict:
+    """The page's data: runs per machine and every series the plots can draw."""
+    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S)
+    assert found, "the page has no data block"
+    return json.loads(found.group(1))
 
 
-def test_page_has_a_plot_per_machine_dtype_and_pass(page):
+def _series(data: dict, **key: object) -> list[dict]:
+    return [s for s in data["series"] if all(s[k] == v for k, v in key.items())]
+
+
+def test_page_has_a_series_per_backend_and_the_filters(page):
     text = page.read_text()
-    images = _images(text)
-    # cpu: float32 and bfloat16 forward; cuda: float32 forward
-    assert len(images) == 3
-    for img in images:
-        assert img.shape[0] > 200 and img.shape[1] > 200
-        assert np.unique(img.reshape(-1, img.shape[-1]), axis=0).shape[0] > 10  # not blank
+    data = _data(text)
+    # runs oldest first, short commits; the GPU machine's one run on its own
+    assert [r["commit"] for r in data["runs"][KIND]] == ["0000000", "1111111", "2222222"]
+    assert len(data["runs"]["cuda-NVIDIA-H100"]) == 1
+    torch = _series(data, m=KIND, d="float32", p="forward", h="A2", b=16, k="torch")
+    assert len(torch) == 1 and torch[0]["s"] == [2.0, 2.5, 1.5]
+    assert torch[0]["t"] == [1.0, 0.8, 1.333]  # ms, 4 significant digits
+    assert len(_series(data, m=KIND, d="bfloat16", b=32)) == 2  # einsum and torch
+    assert data["defaults"] == {"machine": "cuda-NVIDIA-H100", "batch": "16",
+                                "dtype": "float32", "metric": "speedup"}
     assert 'data-machine="cuda-NVIDIA-H100"' in text
-    for select in ("filter-machine", "filter-dtype", "filter-pass"):
+    for select in ("filter-machine", "filter-dtype", "filter-pass", "filter-batch",
+                   "filter-metric"):
         assert f'id="{select}"' in text
-    assert '<option value="bfloat16">' in text
+    assert '<option value="bfloat16">' in text and '<option value="16" selected>' in text
+    assert "<img" not in text and "https://" not in text  # nothing fetched
+
+
+def _summary(text: str) -> str:
+    return text.split('<table id="summary">')[1].split("</table>")[0]
+
+
+def test_summary_marks_changes_beyond_the_noise_band(page):
+    """The last cpu run's speedup 1.5 against 2.5 before it (the best of the runs before it
+    too) is -40%: marked worse on both counts; the GPU's only run has nothing to compare."""
+    text = page.read_text()
+    rows = re.findall(r'<tr data-machine="([^"]+)" data-dtype="([^"]+)" data-pass_="([^"]+)">'
+                      r"(.*?)</tr>", _summary(text))
+    assert [(m, d, p) for m, d, p, _ in rows] == [(KIND, "float32", "forward"),
+                                                  ("cuda-NVIDIA-H100", "float32", "forward")]
+    cpu, gpu = rows[0][3], rows[1][3]
+    assert "1.50×" in cpu and cpu.count('<span class="worse">-40%</span>') == 2
+    assert "9.00×" in gpu and "<span" not in gpu and "<small>— · —</small>" in gpu
+    # bfloat16 ran at B = 32 only: not the paper's batch, not in the summary
+    assert "bfloat16" not in _summary(text)
+    assert "regression gate" in text  # the page says where its noise band comes from
+
+
+def test_summary_leaves_changes_within_the_band_unmarked(tmp_path):
+    for i, speedup in enumerate((2.0, 2.1)):  # +5%, inside the gate's 10% floor
+        history.append(results(commit=f"{i}" * 40, date=f"2026-11-2{i}T00:00:00+00:00",
+                               speedup=speedup), tmp_path)
+    records = history.load(tmp_path)
+    runs = dashboard_data.run_table(records)
+    df = history.frame(records).assign(run=[0, 0, 1, 1])
+    (row,) = dashboard_data.summary(df, runs, {KIND: 0.10})
+    cell = row["cells"]["torch"]
+    assert (cell["latest"], cell["prev"], cell["best"]) == (2.1, 2.0, 2.0)
+    assert cell["vs_prev"] == {"pct": pytest.approx(5.0), "mark": ""}
+    assert "einsum" not in row["cells"]  # the baseline: 1 by definition
+    (row,) = dashboard_data.summary(df, runs, {KIND: 0.04})
+    assert row["cells"]["torch"]["vs_prev"]["mark"] == "better"
+
+
+def test_runs_before_the_physical_ceilings_are_the_old_roofline_model(tmp_path):
+    old = results(commit="1" * 40, date="2026-11-20T00:00:00+00:00")
+    new = {**results(commit="2" * 40), "ceilings": {"peak_flops": {"float32": 1e11}}}
+    for run in (old, new):
+        history.append(run, tmp_path)
+    runs = dashboard_data.run_table(history.load(tmp_path))
+    assert [r["old_model"] for r in runs[KIND]] == [True, False]
 
 
 def test_latest_table_shows_each_machines_last_run(page):
@@ -86,7 +142,7 @@ def test_the_dashboard_renders_past_malformed_records(tmp_path, capsys):
     named = {path for path in bad for w in caught if f"{path} skipped" in str(w.message)}
     assert named == bad and len(caught) == len(bad)
     text = out.read_text()
-    assert "2 recorded runs" in text and len(_images(text)) == 1
+    assert "2 recorded runs" in text and len(_data(text)["runs"][KIND]) == 2
     assert "(2 runs)" in capsys.readouterr().out
 
 
@@ -96,6 +152,25 @@ def test_the_dashboard_names_a_foreign_file(tmp_path, capsys):
     (hist / KIND / "notes.json").write_text('{"kind": "something else"}')
     assert dashboard.main(["--history", str(hist), "--out", str(tmp_path / "i.html")]) == 2
     assert "notes.json is not a glai-kernels history record" in capsys.readouterr().err
+
+
+def test_kept_fraction_rows_at_the_matched_mu_are_a_series_of_their_own(tmp_path):
+    """The kept-fraction sweep's forward at the head's matched K is the "kept forward" pass;
+    its other kept fractions are not plotted."""
+    from bench.harness.sweeps import matched_keep
+    from glai_kernels.paper_heads import PAPER_HEADS
+
+    run = results()
+    case = {**run["rows"][1], "sweep": "kept", "backend": "cpp", "speedup_vs_baseline": None}
+    keep = matched_keep(PAPER_HEADS["A2"])
+    run["rows"] += [{**case, "mu": 0.01, "nnz": keep, "median_s": 1e-3},
+                    {**case, "mu": 0.5, "nnz": 50 * keep, "median_s": 9e-3}]
+    history.append(run, tmp_path)
+    records = history.load(tmp_path)
+    df = history.frame(records).assign(run=0)
+    kept = [s for s in dashboard_data.series(df, dashboard_data.run_table(records))
+            if s["p"] == dashboard_data.KEPT_PASS]
+    assert [(s["h"], s["k"], s["t"], s["s"]) for s in kept] == [("A2", "cpp", [1.0], [None])]
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:
@@ -115,23 +190,59 @@ def _body(dom: str) -> dict[str, str]:
 
 @needs_chromium
 def test_chromium_renders_the_plots_without_script_errors(page):
+    """By default: the latest run's machine (the GPU), float32, the paper's batch, speedups:
+    one plot (A2 forward), torch's line (the baseline's speedup is 1 by definition)."""
     proc = _chromium("--dump-dom", page.as_uri())
     body = _body(proc.stdout)
     assert body.get("status") == "ready", proc.stderr[-2000:]
     assert body["errors"] == ""
-    assert body["plots"] == "3" and body["blank"] == "0"
+    assert body["plots"] == "1" and body["blank"] == "0"
+    (svg,) = re.findall(r'<svg class="plot".*?</svg>', proc.stdout, re.S)
+    assert 'data-head="A2"' in svg and svg.count("<circle") == 1 and "torch: 9.00" in svg
+    assert "1 plots shown" in proc.stdout
+
+
+def _shown(dom: str, pattern: str) -> list[str]:
+    return [m for m in re.findall(pattern, dom) if " hidden" not in m]
 
 
 @needs_chromium
 def test_chromium_applies_the_filters_from_the_url(page):
-    proc = _chromium("--dump-dom", page.as_uri() + f"#machine={KIND}&dtype=bfloat16")
+    proc = _chromium("--dump-dom", page.as_uri() + f"#machine={KIND}&dtype=bfloat16&batch=32")
     dom = proc.stdout
-    assert _body(dom).get("status") == "ready", proc.stderr[-2000:]
-    figures = re.findall(r"<figure ([^>]*)>", dom)
-    shown = [f for f in figures if "hidden" not in f]
-    assert len(figures) == 3 and len(shown) == 1
-    assert 'data-dtype="bfloat16"' in shown[0] and f'data-machine="{KIND}"' in shown[0]
-    assert "1 plots shown" in dom
+    body = _body(dom)
+    assert body.get("status") == "ready" and body["errors"] == "", proc.stderr[-2000:]
+    (row,) = re.findall(r'<div class="plotrow"([^>]*)>', dom)
+    assert 'data-dtype="bfloat16"' in row and 'data-batch="32"' in row
+    assert f'data-machine="{KIND}"' in row and body["plots"] == "1"
+    # three runs: three points on torch's line
+    (svg,) = re.findall(r'<svg class="plot".*?</svg>', dom, re.S)
+    assert svg.count("<circle") == 3 and svg.count("<path") == 1
+    # the tables' rows of the other machine and dtype are hidden
+    latest = dom.split('<table id="latest">')[1].split("</table>")[0]
+    shown = _shown(latest, r"<tr ([^>]*)>")
+    assert len(shown) == 2 and all('data-dtype="bfloat16"' in r for r in shown)
+
+
+@needs_chromium
+def test_chromium_marks_shares_of_the_old_roofline_model(page):
+    """The fixture's runs record no native peak: every % of roofline is the old model's,
+    drawn hollow and grey and left out of the lines."""
+    dom = _chromium("--dump-dom", page.as_uri() + f"#machine={KIND}&metric=roof").stdout
+    body = _body(dom)
+    assert body.get("status") == "ready" and body["errors"] == ""
+    plots = re.findall(r'<svg class="plot".*?</svg>', dom, re.S)
+    assert len(plots) == 1 and plots[0].count('fill="none"') == 6  # einsum and torch, 3 runs
+    assert "<path" not in plots[0] and "old roofline model" in plots[0]
+
+
+@needs_chromium
+def test_chromium_shows_the_summary_on_the_first_screen(page):
+    """At 1400 × 900 the summary table starts inside the first screen (its layout position,
+    which the page's script measures with getBoundingClientRect and writes on the body)."""
+    body = _body(_chromium("--dump-dom", "--window-size=1400,900", page.as_uri()).stdout)
+    assert body.get("status") == "ready"
+    assert 0 < int(body["summarytop"]) < 900 - 60  # its head and first rows visible
 
 
 @needs_chromium
