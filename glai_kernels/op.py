@@ -13,7 +13,8 @@ in the accumulation dtype (float32 for half inputs), so a kept partial sum canno
 
 Autocast: inside a `torch.autocast` region the op runs the way aten's matmul does: its
 floating inputs (float64 excepted) are cast to the region's dtype, and the backend then runs
-in that dtype, with float32 accumulation, under no autocast of its own. Double backward: the
+in that dtype, with float32 accumulation, under no autocast of its own (autocast.py). Double
+backward: the
 backward op has its own autograd formula, written with the two ops themselves (the op is
 linear in each argument), so gradients of gradients run on the same backend.
 """
@@ -22,27 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from glai_kernels import calls, dispatch, registry, transforms
+from glai_kernels import autocast, calls, dispatch, registry, transforms
+from glai_kernels.autocast import autocast_dtype, autocast_inputs
 from glai_kernels.contract import Shape, check_inputs
-
-# Device types whose autocast the op follows (each has an Autocast<Device> dispatch key).
-AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
-
-
-def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype an enclosing torch.autocast region runs this op in on `device_type`, or
-    None outside one."""
-    if device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
-
-
-def autocast_inputs(tensors: tuple, device_type: str, dtype: torch.dtype) -> tuple:
-    """`tensors` as autocast casts them: floating tensors on `device_type` other than float64
-    to `dtype` (as aten's autocast does); anything else unchanged."""
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.device.type == device_type and t.dtype != torch.float64 else t
-                 for t in tensors)
 
 
 def _resolved(backend: str | None, device: torch.device, dtype: torch.dtype,
@@ -185,35 +168,9 @@ estimator_backward_op.register_autograd(_double_backward,
 
 
 # ---- autocast ------------------------------------------------------------------------------
-# Registered per device type at the Autocast<Device> dispatch key, as
-# torch.library.register_autocast does, but casting to the region's own dtype (that function
-# takes one fixed dtype). The kernels run with the key excluded, so no matmul or einsum
-# inside a backend is autocast: every backend sees one dtype and computes the same thing.
-
-_AUTOCAST_LIBRARY = torch.library.Library("glai", "IMPL")
-
-
-def _register_autocast(device_type: str) -> None:
-    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
-    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-
-    def forward(_keyset, x, act, weight, bias, backend, save=False):
-        dtype = torch.get_autocast_dtype(device_type)
-        x, act, weight, bias = autocast_inputs((x, act, weight, bias), device_type, dtype)
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return estimator_op._opoverload(x, act, weight, bias, backend, save)
-
-    def backward(_keyset, *args):
-        # its inputs already share the dtype the forward ran in: no cast, only no autocast
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return estimator_backward_op._opoverload(*args)
-
-    _AUTOCAST_LIBRARY.impl("estimator", forward, key, with_keyset=True)
-    _AUTOCAST_LIBRARY.impl("estimator_backward", backward, key, with_keyset=True)
-
-
-for _device_type in AUTOCAST_DEVICES:
-    _register_autocast(_device_type)
+# glai_kernels/autocast.py: the inputs cast to the region's dtype at the Autocast<Device> keys,
+# the backend run outside autocast.
+autocast.register("estimator", estimator_op, "estimator_backward", estimator_backward_op)
 
 
 def estimator(

@@ -16,8 +16,9 @@ from torch import nn
 
 from glai_kernels import registry
 from glai_kernels import sparse as sparse_op
+from glai_kernels.autocast import autocast_dtype
 from glai_kernels.glai.selector import PathSelector
-from glai_kernels.op import autocast_dtype, backend_for, estimator
+from glai_kernels.op import backend_for, estimator
 from glai_kernels.sparse import SparsePathWeight
 
 LAYOUTS = ("dense", "sparse")

@@ -19,8 +19,8 @@ import os
 
 import torch
 
-from glai_kernels import calls, dispatch, transforms
-from glai_kernels.op import AUTOCAST_DEVICES, autocast_dtype, autocast_inputs
+from glai_kernels import autocast, calls, dispatch, transforms
+from glai_kernels.autocast import autocast_dtype, autocast_inputs
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
 from glai_kernels.sparse.contract import SparseShape, as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
@@ -280,31 +280,8 @@ META_AUTO = Backend(name=AUTO, forward=_never_on_meta, backward=_never_on_meta,
 
 
 # ---- autocast ------------------------------------------------------------------------------
-# As the dense op's (op.py): at each Autocast<Device> key the floating inputs other than
-# float64 (the values included) are cast to the region's dtype, and the backend runs with
-# the key excluded, so no matmul inside a backend (the `torch` backend's CSR products) is
-# autocast again. The backward op's inputs already share the forward's dtype: no cast.
-
-_AUTOCAST_LIBRARY = torch.library.Library("glai", "IMPL")
-
-
-def _register_autocast(device_type: str) -> None:
-    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
-    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-
-    def forward(_keyset, x, act, values, index, bias, backend, save):
-        dtype = torch.get_autocast_dtype(device_type)
-        x, act, values, bias = autocast_inputs((x, act, values, bias), device_type, dtype)
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return sparse_estimator_op._opoverload(x, act, values, index, bias, backend, save)
-
-    def backward(_keyset, *args):
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return sparse_estimator_backward_op._opoverload(*args)
-
-    _AUTOCAST_LIBRARY.impl("sparse_estimator", forward, key, with_keyset=True)
-    _AUTOCAST_LIBRARY.impl("sparse_estimator_backward", backward, key, with_keyset=True)
-
-
-for _device_type in AUTOCAST_DEVICES:
-    _register_autocast(_device_type)
+# As the dense op's (glai_kernels/autocast.py): the values are cast with the other floating
+# inputs, the index list is left alone, and no matmul inside a backend (the `torch` backend's
+# CSR products) is autocast again.
+autocast.register("sparse_estimator", sparse_estimator_op, "sparse_estimator_backward",
+                  sparse_estimator_backward_op)
