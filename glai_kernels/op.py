@@ -14,9 +14,8 @@ in the accumulation dtype (float32 for half inputs), so a kept partial sum canno
 Autocast: inside a `torch.autocast` region the op runs the way aten's matmul does: its
 floating inputs (float64 excepted) are cast to the region's dtype, and the backend then runs
 in that dtype, with float32 accumulation, under no autocast of its own (autocast.py). Double
-backward: the
-backward op has its own autograd formula, written with the two ops themselves (the op is
-linear in each argument), so gradients of gradients run on the same backend.
+backward: the backward op has its own autograd formula, written with the two ops themselves
+(the op is linear in each argument), so gradients of gradients run on the same backend.
 """
 
 from __future__ import annotations
