@@ -10,12 +10,16 @@ both launchers are read), one unsharded pipeline run and its two shards likewise
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -25,6 +29,7 @@ from bench.harness.sweeps import PRESETS as KERNEL_PRESETS
 from bench.pipeline import merge as pipeline_merge
 from bench.pipeline import runner
 from bench.pipeline.presets import PRESETS as PIPELINE_PRESETS
+from glai_kernels.paper_heads import PAPER_HEADS
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_ARRAY_TASK_ID",
@@ -73,9 +78,15 @@ def runs(tmp_path_factory):
             "tmp": tmp}
 
 
-def _merge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench", "merge", *args], cwd=ROOT,
-                          env=_env({}), capture_output=True, text=True, timeout=120)
+def _merge(*args: str) -> SimpleNamespace:
+    """`glai-bench merge ARGS` in this process (a fresh one would spend seconds importing):
+    its returncode, stdout and stderr."""
+    from bench import __main__ as cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["merge", *args])
+    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_kernel_shards_merge_to_the_unsharded_run(runs):
@@ -167,6 +178,43 @@ def test_partial_report_names_the_units_still_to_come(runs, tmp_path):
     assert "1 of 3 units finished so far" in readme
     assert "unit time limit of 5.0 s, so not in the tables: b" in readme
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".staging")]
+
+
+def test_a_run_cut_off_keeps_its_finished_units_report(runs, tmp_path):
+    # the runner's own bookkeeping, fed the two shards' records as their units end: after the
+    # first unit the report holds it (written while running); a second unit cut off at its
+    # limit leaves the first's report, naming the second as cut off
+    records = {}
+    for k in ("pipeline-1", "pipeline-2"):
+        data = json.loads((runs[k] / "results.json").read_text())
+        records[data["records"][0]["head"]] = data
+    preset = dataclasses.replace(PIPELINE_PRESETS["quick"], seeds=(0,), heads=tuple(
+        PAPER_HEADS[h] for h in ("A1", "A2")))
+    units = runner.units_of(preset, {})
+    meta = {k: v for k, v in records["A1"]["meta"].items()
+            if k not in ("shard", "units", "data", "wall_seconds", "cpu_seconds")}
+    collector = runner._Collector(preset, tmp_path, units, {**meta, "unit_time_limit_s": 9.0},
+                                  _NoBar())
+    first = records[units[0].head.name]
+    collector.done(units[0], (first["records"], "synthetic", "test data", 1.0), "ok")
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["records"] == first["records"]
+    assert written["meta"]["units"]["partial"] is True
+    assert "1 of 2 units finished so far" in (tmp_path / "README.md").read_text()
+    collector.done(units[1], None, "timed out")
+    collector.write()
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["records"] == first["records"]
+    assert written["meta"]["units"]["timed_out"] == [runner.unit_label(units[1])]
+    readme = (tmp_path / "README.md").read_text()
+    assert f"unit time limit of 9.0 s, so not in the tables: {runner.unit_label(units[1])}" \
+        in readme
+    assert "finished so far" not in readme
+
+
+class _NoBar:
+    def update(self) -> None:
+        pass
 
 
 def test_a_unit_past_its_time_limit_is_stopped_and_named(tmp_path):
