@@ -126,13 +126,15 @@ def split(items: Sequence[T], cost: Callable[[T], float], shard: Shard | None) -
     return [item for item, b in zip(items, bins, strict=True) if b == shard.number - 1]
 
 
-def add_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """The `--shard K/N` option, the same for `glai-bench run` and `glai-bench pipeline`."""
+def add_argument(parser: argparse.ArgumentParser, what: str,
+                 merge: str = "glai-bench merge") -> None:
+    """The `--shard K/N` option, the same for `glai-bench run` and `glai-bench pipeline`
+    (`what` it splits, the `merge` command that joins the shards)."""
     parser.add_argument(
         "--shard", type=parse, default=None, metavar="K/N",
         help=f"run only shard K of N (numbered from 1, e.g. 2/4) of the {what}, balanced by "
              "an estimated cost, into OUT/shard-K-of-N, with no history, dashboard or "
-             "installed dispatch table (`glai-bench merge` joins the shards). Default: "
+             f"installed dispatch table (`{merge}` joins the shards). Default: "
              "SLURM's job array ($SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN + 1 of "
              "$SLURM_ARRAY_TASK_COUNT) or torchrun's ($RANK + 1 of $WORLD_SIZE, when > 1); "
              "else the whole run")

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds: each (head, data, seed) unit runs in a process of its "
                              "own and is stopped past S, listed in the report as cut off "
                              "(default: no limit; units in this process unless --jobs > 1)")
-    shards.add_argument(parser, "(head, data, seed) units")
+    shards.add_argument(parser, "(head, data, seed) units", "glai-bench merge --pipeline")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
