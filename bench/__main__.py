@@ -15,6 +15,12 @@ quick`).
 The kernel suite writes results.csv, results.json, summary.md and plots/ into --out
 (default reports/bench/<device>). The pipeline suite (bench/pipeline, when present) writes
 into --pipeline-out (default reports/pipeline).
+
+Past one machine: `--shard K/N` (or a SLURM job array's or torchrun's variables) runs shard K
+of N into OUT/shard-K-of-N and PIPELINE_OUT/shard-K-of-N; `glai-bench merge` joins them.
+
+    glai-bench run --suite kernels --shard 2/4 --out /scratch/bench   # or under sbatch --array
+    glai-bench merge reports/bench/cuda /scratch/bench/shard-*-of-4
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from bench.cli_types import (
     positive_int,
     positive_int_list,
 )
+from bench.harness import shards
 from bench.harness.energy import MIN_WINDOW_S
 from bench.harness.passes import DTYPES
 from bench.harness.sweeps import ALL_PASSES, PRESETS
@@ -137,18 +144,24 @@ def parser() -> argparse.ArgumentParser:
                    help="append this run's record to this history (default: reports/history)")
     p.add_argument("--no-history", action="store_true",
                    help="do not append a record to the history")
+    shards.add_argument(p, "kernel cases and pipeline units")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def run_pipeline(preset: str, out_dir: Path) -> bool:
-    """Run bench.pipeline.run when that package exists; False when it does not."""
+def run_pipeline(preset: str, out_dir: Path, shard: shards.Shard | None = None) -> bool:
+    """Run bench.pipeline.run when that package exists (only `shard`'s units, into
+    out_dir/shard-K-of-N, when given); False when it does not."""
     if importlib.util.find_spec("bench.pipeline") is None:
         print("pipeline suite: bench/pipeline is not present; skipped")
         return False
     # by module name, so that whatever sys.modules holds for it is what runs
-    importlib.import_module("bench.pipeline").run(preset, out_dir)
+    if shard is None:
+        importlib.import_module("bench.pipeline").run(preset, out_dir)
+    else:
+        importlib.import_module("bench.pipeline").run(preset, out_dir / shard.folder,
+                                                      shard=shard)
     return True
 
 
@@ -214,7 +227,18 @@ def unexpected(command: str, error: Exception) -> str:
 
 def run(argv: list[str]) -> int:
     """`glai-bench run`: the kernel suite, then the pipeline suite."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        shard = shards.resolve(args.shard)
+    except ValueError as e:  # a launcher's variable that is not a shard
+        p.error(f"argument --shard: {e}")
+    if shard is not None and args.install_dispatch:
+        p.error("argument --install-dispatch: not with --shard (a shard's table covers part "
+                "of the cases: install the merged one, glai-bench merge --install-dispatch)")
+    command = " ".join(["glai-bench run", *argv])
+    if shard is not None and args.shard is None:
+        command += f" (shard {shard.number}/{shard.count} from {shard.source})"
     if args.suite in ("kernels", "all"):
         # Triton's CPU interpreter is for the correctness suite; timing it means nothing.
         if os.environ.get("TRITON_INTERPRET"):
@@ -224,6 +248,8 @@ def run(argv: list[str]) -> int:
         try:
             device = suite.resolve_device(args.device)
             out = args.out or ROOT / "reports" / "bench" / device.type
+            if shard is not None:  # each shard its own folder: the merge joins them
+                out = out / shard.folder
             started = time.perf_counter()
             output = suite.run(args.preset, device=args.device, backends=args.backends,
                                dtypes=args.dtypes, passes=args.passes, heads=args.heads,
@@ -236,14 +262,14 @@ def run(argv: list[str]) -> int:
                                install_dispatch=args.install_dispatch,
                                time_limit_s=args.time_limit,
                                energy_window_s=args.energy_window,
-                               command=" ".join(["glai-bench run", *argv]))
+                               shard=shard, command=command)
         except ValueError as e:
             print(f"glai-bench run: error: {e}", file=sys.stderr)
             return 2
         print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
         for path in output.files:
             print(f"  wrote {path}")
-        if not args.no_history:
+        if not args.no_history and shard is None:  # a shard is part of a run: merge it
             from bench.reporting import history
 
             results = json.loads((out / "results.json").read_text())
@@ -259,7 +285,7 @@ def run(argv: list[str]) -> int:
                 except (OSError, ValueError) as e:
                     print(f"python -m bench: dashboard not rendered: {e}", file=sys.stderr)
     if args.suite in ("pipeline", "all"):
-        run_pipeline(args.preset, args.pipeline_out)
+        run_pipeline(args.preset, args.pipeline_out, shard)
     return 0
 
 

@@ -18,11 +18,11 @@ import pandas as pd
 import torch
 
 from bench.harness import ceilings as ceilings_mod
-from bench.harness import kept, memory, peers, provenance, results
+from bench.harness import kept, memory, peers, provenance, results, shards
 from bench.harness.energy import MIN_WINDOW_S, EnergyMeter
 from bench.harness.passes import dtype_of
 from bench.harness.runner import Context, cases_for, past, run_cases, select_backends
-from bench.harness.sweeps import PRESETS, Preset
+from bench.harness.sweeps import PRESETS, Case, Preset
 from glai_kernels import registry
 from glai_kernels.sparse import SPARSE_ESTIMATOR
 
@@ -54,6 +54,24 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
 
 
+# a pass's calls relative to a forward call (backward: two matmuls' worth, as the roofline)
+_PASS_WEIGHT = {"forward": 1.0, "backward": 2.0, "both": 3.0}
+# multiply-adds a CPU core does in about the time a measurement's fixed costs take (rounds,
+# warm-up, the checks): a small case costs that, a large one its arithmetic on top
+_FIXED_MACS = 1e8
+
+
+def case_cost(case: Case) -> float:
+    """A case's relative measuring time, for balancing shards (`shards.split`): per pass,
+    a fixed cost plus its multiply-adds B*I*P*O (the roofline's compute floor up to the
+    machine's peak, which is the same for every case of a run) and its weight's size."""
+    s = case.shape
+    work = s.batch * s.inputs * s.paths * s.outputs + s.inputs * s.paths * s.outputs
+    if case.mu is not None:  # the sparse op does the kept fraction of the work
+        work *= case.mu
+    return sum(_PASS_WEIGHT.get(p, 1.0) for p in case.passes) * (_FIXED_MACS + work)
+
+
 def check_arguments(*, threads: int | None, rounds: int | None, min_time_s: float | None,
                     max_call_s: float | None, time_limit_s: float | None,
                     energy_window_s: float, batches: Sequence[int] | None) -> None:
@@ -83,6 +101,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         threads: int | None = None, command: str | None = None,
         peer_names: Sequence[str] | None = None, install_dispatch: bool = False,
         time_limit_s: float | None = None, energy_window_s: float = MIN_WINDOW_S,
+        shard: shards.Shard | None = None,
         log: Callable[[str], None] = print) -> RunOutput:
     """Run the kernel suite; write its files to `out_dir` when given.
 
@@ -96,7 +115,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     glai_kernels/dispatch/, which the package ships. `time_limit_s` bounds the cases'
     measurement (shapes not reached are written as skipped, so a run on a short GPU lease
     still writes its reports); `energy_window_s` is each NVML energy reading's window (0:
-    none).
+    none). `shard` keeps only that shard's part of the cases (`shards.split` by `case_cost`;
+    ValueError when it has none) and names it in the provenance.
     """
     started = time.perf_counter()
     check_arguments(threads=threads, rounds=rounds, min_time_s=min_time_s,
@@ -113,6 +133,11 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         preset = dataclasses.replace(preset, max_call_s=max_call_s)
     dev = resolve_device(device)
     cases = cases_for(preset, dtypes, passes, heads, batches, sweeps)
+    if shard is not None:
+        total, cases = len(cases), shards.split(cases, case_cost, shard)
+        if not cases:
+            raise ValueError(f"shard {shard.number}/{shard.count} has no case: the run has "
+                             f"only {total}")
     # "sparse:NAME" names a backend of the sparse op, for the kept-fraction sweep
     sparse_requested = [b.removeprefix(kept.SPARSE_PREFIX) for b in backends or ()
                         if b.startswith(kept.SPARSE_PREFIX)]
@@ -130,6 +155,8 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         preset.peers if peer_names is None else peer_names, dev, log)
     unavailable.update(peer_unavailable)
     info = provenance.collect(dev)
+    if shard is not None:
+        info["shard"] = shard.provenance()
     if dev.type == "cpu" and info["load_average"] > torch.get_num_threads() / 2:
         hint = "; --threads 1 suffers least from it" if torch.get_num_threads() > 1 else ""
         log(f"note: load average {info['load_average']} on {info['cpu_count']} cores: other "

@@ -1,12 +1,27 @@
-"""`python -m bench.pipeline --preset default --out reports/pipeline`."""
+"""`python -m bench.pipeline --preset default --out reports/pipeline`.
+
+Past one machine or one lease: `--shard K/N` (or a SLURM job array's or torchrun's
+variables) runs shard K of N's (head, data, seed) units into OUT/shard-K-of-N, and
+`glai-bench merge --pipeline OUT SHARD...` joins the shards' records into one report.
+`--unit-time-limit S` runs each unit in a process of its own and stops one past S seconds;
+the report is rewritten after every unit, so a run cut off by its lease keeps what finished.
+"""
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import signal
 import sys
 
-from bench.cli_types import existing_file, non_negative_int, output_dir, positive_int
+from bench.cli_types import (
+    existing_file,
+    non_negative_int,
+    output_dir,
+    positive_float,
+    positive_int,
+)
+from bench.harness import shards
 from bench.pipeline.presets import PRESETS
 from bench.pipeline.runner import run_preset
 from glai_kernels.paper_heads import PAPER_HEADS
@@ -43,7 +58,8 @@ def data_file(text: str) -> tuple[str, pathlib.Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--out", type=output_dir, default=pathlib.Path("reports/pipeline"))
     parser.add_argument("--heads", type=head_list, help="comma-separated subset, e.g. A1,C1")
@@ -68,19 +84,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true",
                         help="leave torch.compile out of the engineered protocol's MLP step "
                              "candidates (the hand-fused step alone)")
+    parser.add_argument("--unit-time-limit", type=positive_float, metavar="S",
+                        help="seconds: each (head, data, seed) unit runs in a process of its "
+                             "own and is stopped past S, listed in the report as cut off "
+                             "(default: no limit; units in this process unless --jobs > 1)")
+    shards.add_argument(parser, "(head, data, seed) units", "glai-bench merge --pipeline")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        shard = shards.resolve(args.shard)
+    except ValueError as e:  # a launcher's variable that is not a shard
+        parser.error(f"argument --shard: {e}")
+    out = args.out if shard is None else args.out / shard.folder
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             parser.error("argument --device: cuda: no CUDA device here")
+    # a lease's SIGTERM ends the run as Ctrl-C would: the units' processes are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        run_preset(args.preset, args.out, heads=args.heads, seeds=args.seeds,
+        run_preset(args.preset, out, heads=args.heads, seeds=args.seeds,
                    data_files=dict(args.data), switch=args.switch, device=args.device,
                    progress=not args.no_progress, threads=args.threads or None,
-                   jobs=args.jobs, compile_mlp=False if args.no_compile else None)
-    except ValueError as e:  # a data file that does not fit its head
+                   jobs=args.jobs, compile_mlp=False if args.no_compile else None,
+                   shard=shard, unit_time_limit_s=args.unit_time_limit)
+    except ValueError as e:  # a data file that does not fit its head, a shard with no unit
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     return 0

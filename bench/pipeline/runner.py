@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import multiprocessing.process
 import os
 import pathlib
+import pickle
 import platform
+import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
 
+from bench.harness import shards
 from bench.pipeline import report
 from bench.pipeline.data import digits, load_embeddings, synthetic
 from bench.pipeline.presets import PRESETS, Preset
@@ -74,7 +78,9 @@ def warm_up_shapes(head: PaperHead, data: EmbeddingSplits, protocol: Protocol) -
 
 
 def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None = None,
-               progress: bool = True, threads: int | None = 1, jobs: int = 1) -> list[dict]:
+               progress: bool = True, threads: int | None = 1, jobs: int = 1,
+               shard: shards.Shard | None = None,
+               unit_time_limit_s: float | None = None) -> list[dict]:
     """Run every job of `preset`, write the reports into out_dir, return the records.
 
     `threads`: torch's intra-op threads for the run (None: leave as is). One by default: at
@@ -85,15 +91,24 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
     `jobs`: how many (head, data set, seed) units run at once, each in a fresh process of
     its own (warm-ups included). A unit's records do not depend on `jobs` (training is
     deterministic per seed and each unit measures its own costs by interleaved probes), so
-    jobs > 1 only shortens the wall clock; the longest units (family B) start first."""
+    jobs > 1 only shortens the wall clock; the longest units (family B) start first.
+
+    `shard`: only that shard's units (`shards.split` by `unit_cost`), named in the report.
+    `unit_time_limit_s`: each unit in a process of its own (also with jobs = 1), killed past
+    that many seconds and listed in the report as cut off. The report is rewritten, each
+    file in one rename, after every unit, so a run cut off by its lease leaves its finished
+    units' records (results.json) and tables."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if unit_time_limit_s is not None and not unit_time_limit_s > 0:
+        raise ValueError(f"unit_time_limit_s must be positive, got {unit_time_limit_s!r}")
     data_files = data_files or {}
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run_config(preset, out_dir, data_files, progress, threads, jobs)
+        return _run_config(preset, out_dir, data_files, progress, threads, jobs, shard,
+                           unit_time_limit_s)
     finally:
         torch.set_num_threads(before)
 
@@ -116,6 +131,22 @@ def units_of(preset: Preset, data_files: dict) -> list[Unit]:
     return units
 
 
+def unit_cost(preset: Preset, unit: Unit) -> float:
+    """A unit's relative run time, for balancing shards (`shards.split`): its head's size
+    (the original MLP's weights) times its family's epoch cap times the examples an epoch
+    sees (episodes for C)."""
+    head, protocol = unit.head, preset.protocol
+    cap = {"A": protocol.max_epochs, "B": protocol.max_epochs_b,
+           "C": protocol.max_epochs_c}.get(head.family, protocol.max_epochs)
+    size = preset.sizes.get(head.family, {})
+    examples = size.get("train") or protocol.episodes_per_epoch * size.get("per_class", 1)
+    return float((head.n0 * head.n1 + head.n1 * head.n2) * cap * examples)
+
+
+def unit_label(unit: Unit) -> str:
+    return f"{unit.head.name} on {unit.source}, seed {unit.seed}"
+
+
 def _run_unit(preset: Preset, unit: Unit, data_files: dict,
               threads: int | None) -> tuple[list[dict], str, str, float]:
     """A unit in this (fresh) process: its warm-ups, then run_head; (records, data set name,
@@ -130,56 +161,175 @@ def _run_unit(preset: Preset, unit: Unit, data_files: dict,
     return records, data.name, data.description, time.process_time() - cpu
 
 
+def _unit_process(preset: Preset, unit: Unit, data_files: dict, threads: int | None,
+                  result: pathlib.Path) -> None:
+    """A unit's process: `_run_unit`, its outcome pickled into `result` in one rename (a
+    process killed at its time limit leaves no half-written file)."""
+    outcome = _run_unit(preset, unit, data_files, threads)
+    partial = result.with_suffix(".tmp")
+    partial.write_bytes(pickle.dumps(outcome))
+    os.replace(partial, result)
+
+
 def _family_first(unit: Unit) -> int:
     # B's units are the longest (bench/NOTES.md, "Reproduction stability"): start them first
     return {"B": 0, "C": 1}.get(unit.head.family, 2)
 
 
-def _run_parallel(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
-                  jobs: int, bar) -> tuple[list[dict], dict, float]:
-    results: dict[Unit, list[dict]] = {}
-    notes, cpu = {}, 0.0
+Done = Callable[[Unit, "tuple[list[dict], str, str, float] | None", str], None]
+
+
+def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
+                   jobs: int, limit_s: float | None, done: Done) -> None:
+    """Each unit in a fresh process of its own, `jobs` at once, the longest families first;
+    one running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
+    each ends, status "ok" (outcome its `_run_unit` result), "timed out" or "failed"
+    (outcome None)."""
     context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
-    with ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_run_unit, preset, unit, data_files, threads): unit
-                   for unit in sorted(units, key=_family_first)}
-        for future in as_completed(futures):
-            records, name, description, unit_cpu = future.result()
-            results[futures[future]] = records
-            notes[name], cpu = description, cpu + unit_cpu
-            bar.update()
-    return [r for unit in units for r in results[unit]], notes, cpu
+    waiting = sorted(units, key=_family_first)
+    running: dict[Unit, tuple[multiprocessing.process.BaseProcess, float, pathlib.Path]] = {}
+    with tempfile.TemporaryDirectory(prefix="glai-units-") as tmp:
+        try:
+            while waiting or running:
+                while waiting and len(running) < jobs:
+                    unit = waiting.pop(0)
+                    result = pathlib.Path(tmp) / f"unit-{len(units) - len(waiting)}.pkl"
+                    process = context.Process(target=_unit_process, daemon=True,
+                                              args=(preset, unit, data_files, threads, result))
+                    process.start()
+                    running[unit] = (process, time.monotonic(), result)
+                time.sleep(0.05)
+                for unit, (process, began, result) in list(running.items()):
+                    if process.is_alive():
+                        if limit_s is None or time.monotonic() - began < limit_s:
+                            continue
+                        _stop(process)
+                        del running[unit]
+                        done(unit, None, "timed out")
+                        continue
+                    process.join()
+                    del running[unit]
+                    if process.exitcode == 0 and result.exists():
+                        done(unit, pickle.loads(result.read_bytes()), "ok")
+                    else:
+                        done(unit, None, "failed")
+        finally:  # interrupted (Ctrl-C, a lease's SIGTERM): no unit outlives the run
+            for process, _, _ in running.values():
+                _stop(process)
+
+
+def _stop(process: multiprocessing.process.BaseProcess) -> None:
+    process.terminate()
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+class _Collector:
+    """The run's records as its units end, in the preset's unit order, and its report
+    rewritten after each (`write`): a run cut off by its lease leaves the finished units'
+    records and a report of them."""
+
+    def __init__(self, preset: Preset, out_dir: pathlib.Path, units: list[Unit],
+                 meta: dict, bar) -> None:
+        self.preset, self.out_dir, self.units, self.meta, self.bar = (preset, out_dir, units,
+                                                                      meta, bar)
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.records: dict[Unit, list[dict]] = {}
+        self.notes: dict[str, str] = {}
+        self.cpu = 0.0
+        self.timed_out: list[str] = []
+        self.failed: list[str] = []
+
+    def done(self, unit: Unit, outcome, status: str) -> None:
+        if outcome is not None:
+            records, name, description, cpu = outcome
+            self.records[unit] = records
+            self.notes[name] = description
+            self.cpu += cpu
+        elif status == "timed out":
+            self.timed_out.append(unit_label(unit))
+        else:
+            self.failed.append(unit_label(unit))
+        self.bar.update()
+        if len(self.records) + len(self.timed_out) + len(self.failed) < len(self.units):
+            self.write(partial=True)
+
+    def all_records(self) -> list[dict]:
+        return [r for unit in self.units for r in self.records.get(unit, [])]
+
+    def write(self, partial: bool = False) -> None:
+        """The report of the records so far, each file replaced in one rename."""
+        if not self.records:
+            return
+        meta = {**self.meta, "data": self.notes,
+                "wall_seconds": time.perf_counter() - self.started,
+                # with units in processes, the CPU time is theirs (this process only waits)
+                "cpu_seconds": time.process_time() - self.cpu_started + self.cpu,
+                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+                "units": {"planned": [unit_label(u) for u in self.units],
+                          "done": [unit_label(u) for u in self.units if u in self.records],
+                          "timed_out": self.timed_out, "failed": self.failed,
+                          "partial": partial}}
+        write_report_atomically(self.all_records(), meta, self.out_dir)
+
+
+def coverage_note(meta: dict) -> str | None:
+    """The README's line on a report of part of a run (a shard, a unit cut off, a run still
+    going, a merge that lacks shards or found a unit twice), or None for a whole one."""
+    units, shard = meta.get("units") or {}, meta.get("shard")
+    parts = []
+    if shard:
+        parts.append(f"shard {shard['number']} of {shard['count']} (from {shard['source']}): "
+                     "`glai-bench merge --pipeline` joins the shards' folders")
+    if units.get("partial"):
+        parts.append(f"written while running: {len(units['done'])} of {len(units['planned'])} "
+                     "units finished so far")
+    if units.get("timed_out"):
+        parts.append(f"cut off at the unit time limit of {meta.get('unit_time_limit_s')} s, "
+                     f"so not in the tables: {'; '.join(units['timed_out'])}")
+    if units.get("failed"):
+        parts.append(f"failed, so not in the tables: {'; '.join(units['failed'])}")
+    missing = (meta.get("shards") or {}).get("missing")
+    if missing:
+        parts.append(f"merged without shard(s) {', '.join(map(str, missing))} of "
+                     f"{meta['shards']['count']}, whose units are not in the tables")
+    parts.extend(meta.get("merge_notes") or [])
+    return ("**Part of a run**: " + ". ".join(parts) + ".") if parts else None
+
+
+def write_report_atomically(records: list[dict], meta: dict, out_dir: pathlib.Path) -> None:
+    """`report.write` into a staging folder, the README told what the report covers
+    (`coverage_note`), then each file moved into `out_dir` with one rename: a reader (or a
+    lease's end) never sees a half-written file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
+        staging = pathlib.Path(tmp)
+        report.write(records, meta, staging)
+        note = coverage_note(meta)
+        readme = staging / "README.md"
+        if note and readme.exists():
+            head, _, rest = readme.read_text().partition("\n")
+            readme.write_text(f"{head}\n\n{note}\n{rest}")
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out_dir / path.name)
 
 
 def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
-                progress: bool, threads: int | None = 1, jobs: int = 1) -> list[dict]:
-    units = units_of(preset, data_files)
-    records, notes = [], {}
-    started, cpu_started = time.perf_counter(), time.process_time()
-    with tqdm(total=len(units), desc=f"GLAI pipeline ({preset.name})",
-              unit="run", disable=not progress) as bar:
-        if jobs > 1:
-            records, notes, unit_cpu = _run_parallel(preset, units, data_files, threads,
-                                                     jobs, bar)
-        else:
-            warm_up(preset)
-            unit_cpu, loaded = 0.0, {}
-            for unit in units:
-                key = (unit.head.name, unit.source)
-                if key not in loaded:
-                    loaded[key] = load_data(unit.head, unit.source, preset, data_files)
-                    warm_up_shapes(unit.head, loaded[key], preset.protocol)
-                data = loaded[key]
-                notes[data.name] = data.description
-                bar.set_postfix_str(f"{unit.head.name} on {data.name}, seed {unit.seed}")
-                records.extend(run_head(unit.head, data, unit.seed, preset.protocol))
-                bar.update()
+                progress: bool, threads: int | None = 1, jobs: int = 1,
+                shard: shards.Shard | None = None,
+                unit_time_limit_s: float | None = None) -> list[dict]:
+    every = units_of(preset, data_files)
+    units = shards.split(every, lambda u: unit_cost(preset, u), shard)
+    if not units:
+        raise ValueError(f"shard {shard.number}/{shard.count} has no unit: the run has only "
+                         f"{len(every)}")
     meta = {
         "preset": preset.name,
         "protocol": dataclasses.asdict(preset.protocol),
         "sizes": preset.sizes,
         "seeds": list(preset.seeds),
-        "data": notes,
         "device": preset.protocol.device,
         "device_name": (torch.cuda.get_device_name() if preset.protocol.device == "cuda"
                         else platform.processor() or platform.machine()),
@@ -187,25 +337,47 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
         "threads": torch.get_num_threads(),
         "jobs": jobs,
         "python": platform.python_version(),
-        "wall_seconds": time.perf_counter() - started,
-        # with jobs > 1: the units' processes' CPU time (this process only waits)
-        "cpu_seconds": time.process_time() - cpu_started + unit_cpu,
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        **({"shard": shard.provenance()} if shard else {}),
+        **({"unit_time_limit_s": unit_time_limit_s} if unit_time_limit_s else {}),
     }
-    report.write(records, meta, out_dir)
-    return records
+    with tqdm(total=len(units), desc=f"GLAI pipeline ({preset.name})",
+              unit="run", disable=not progress) as bar:
+        collector = _Collector(preset, out_dir, units, meta, bar)
+        if jobs > 1 or unit_time_limit_s is not None:
+            _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,
+                           collector.done)
+        else:
+            warm_up(preset)
+            loaded = {}
+            for unit in units:
+                key = (unit.head.name, unit.source)
+                if key not in loaded:
+                    loaded[key] = load_data(unit.head, unit.source, preset, data_files)
+                    warm_up_shapes(unit.head, loaded[key], preset.protocol)
+                data = loaded[key]
+                bar.set_postfix_str(f"{unit.head.name} on {data.name}, seed {unit.seed}")
+                records = run_head(unit.head, data, unit.seed, preset.protocol)
+                collector.done(unit, (records, data.name, data.description, 0.0), "ok")
+    collector.write()
+    if collector.failed:
+        raise RuntimeError(f"{len(collector.failed)} unit(s) failed (the report has the "
+                           f"others): {'; '.join(collector.failed)}")
+    return collector.all_records()
 
 
 def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = None,
                seeds: int | None = None, data_files: dict | None = None,
                switch: str | None = None, device: str | None = None,
                progress: bool = True, threads: int | None = 1,
-               jobs: int | None = None, compile_mlp: bool | None = None) -> list[dict]:
+               jobs: int | None = None, compile_mlp: bool | None = None,
+               shard: shards.Shard | None = None,
+               unit_time_limit_s: float | None = None) -> list[dict]:
     """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
     threads); `switch` "fixed", "auto" or "both" (the default: both, side by side); `jobs`
     units at once (None: `default_jobs`); `compile_mlp` False leaves torch.compile out of
-    the engineered MLP step's candidates (None: the preset's choice)."""
+    the engineered MLP step's candidates (None: the preset's choice); `shard` and
+    `unit_time_limit_s` as `run_config`'s."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -228,7 +400,8 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
     if jobs is None:
         jobs = default_jobs(device, threads)
     return run_config(preset, out_dir, data_files=data_files, progress=progress,
-                      threads=threads, jobs=jobs)
+                      threads=threads, jobs=jobs, shard=shard,
+                      unit_time_limit_s=unit_time_limit_s)
 
 
 def default_jobs(device: str, threads: int | None) -> int:

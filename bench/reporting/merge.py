@@ -18,6 +18,16 @@ measurement wrong), its note giving the runs' range. Each row's ratios stay thos
 run, against backends timed beside it.
 
     glai-bench merge reports/bench/cuda /tmp/run1 /tmp/run2 /tmp/run3 --repeats
+
+Shards of one run (`glai-bench run --shard K/N`, or under a SLURM job array or torchrun:
+bench/harness/shards.py) hold disjoint cases, so they merge as pieces do, into the report and
+dispatch table the unsharded run would have written; a shard missing from the folders given
+is named in a warning and in the merged results.json. Pipeline shards (folders holding a
+pipeline results.json) are joined by `--pipeline` (bench/pipeline/merge.py), detected when
+every folder given is one:
+
+    glai-bench merge reports/bench/cuda /scratch/bench/shard-*-of-4
+    glai-bench merge --pipeline reports/pipeline /scratch/pipeline/shard-*-of-4
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.cli_types import existing_dir, output_dir
+from bench.harness import shards as shards_mod
 from bench.harness.ceilings import Ceilings
 from bench.harness.results import COLUMNS, KEY_COLUMNS, MEASURE_COLUMNS
 from bench.harness.suite import write_reports
@@ -185,7 +196,28 @@ def merge(runs: list[tuple[pd.DataFrame, dict]],
     meta.pop("dispatch", None)
     meta.pop("sparse_dispatch", None)
     meta["machine_kind"] = kinds.pop() if kinds else None
+    meta["provenance"] = {k: v for k, v in first["provenance"].items() if k != "shard"}
+    shards = [m["provenance"]["shard"] for _, m in runs if m["provenance"].get("shard")]
+    for entry, (_, m) in zip(meta["merged_from"], runs, strict=True):
+        if m["provenance"].get("shard"):
+            entry["shard"] = m["provenance"]["shard"]
+    if shards:
+        meta["shards"] = shards_mod.coverage(shards)
     return table, meta
+
+
+def coverage_warning(meta: dict) -> str | None:
+    """A line for the terminal when the merged shards do not make one whole run."""
+    cover = meta.get("shards")
+    if not cover:
+        return None
+    problems = []
+    if cover["missing"]:
+        problems.append(f"shard(s) {', '.join(map(str, cover['missing']))} of "
+                        f"{cover['count']} missing: their cases are not in the report")
+    if cover.get("counts_differ"):
+        problems.append(f"shards of splits into {cover['counts_differ']} parts mixed")
+    return "warning: " + "; ".join(problems) if problems else None
 
 
 def write(table: pd.DataFrame, meta: dict, out_dir: Path, install: bool = False,
@@ -250,13 +282,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="copy the merged dispatch table into glai_kernels/dispatch/")
     p.add_argument("--repeats", action="store_true",
                    help="runs that repeat measurements: keep each one's median run's row")
+    p.add_argument("--pipeline", action="store_true",
+                   help="the folders are GLAI pipeline runs (or shards): join their records "
+                        "into one pipeline report (detected when every folder is one)")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
+    from bench.pipeline import merge as pipeline_merge
+
+    if args.pipeline or all(pipeline_merge.is_pipeline_run(r) for r in args.runs):
+        if args.install_dispatch or args.repeats:
+            p.error("--install-dispatch and --repeats are for kernel runs, not --pipeline")
+        return pipeline_merge.main_merge(args.out_dir, args.runs)
     try:
         table, meta = merge([load(r) for r in args.runs], repeats=args.repeats)
     except ValueError as e:  # a folder that is not a finished run, runs that do not fit
         print(f"glai-bench merge: error: {e}", file=sys.stderr)
         return 2
+    warning = coverage_warning(meta)
+    if warning:
+        print(f"glai-bench merge: {warning}", file=sys.stderr)
     for path in write(table, meta, args.out_dir, args.install_dispatch, not args.no_plots):
         print(f"wrote {path}")
     return 0

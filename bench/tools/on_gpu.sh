@@ -18,6 +18,18 @@
 #         bench_repeat1 bench_repeat2 --repeats   (each cell keeps its median run's row)
 #     TEST_FOCUS="test_sparse.py and compile" bash bench/tools/on_gpu.sh   # those tests first,
 #                                         # alone, cpu and cuda ids, whole tracebacks
+#     PIPE_S=90 PIPE_PRESET=quick ...   # the defaults: after the kernel sweep, the GLAI pipeline
+#         of the six heads, one seed, each (head, data, seed) unit in its own process and cut
+#         off past PIPE_UNIT_S (default PIPE_S/6); its report is rewritten after every unit, so
+#         the lease's end keeps what finished (/tmp/pipeline, in the archive). PIPE_S=0: none.
+#     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
+#     the kernel sweep.
+#
+# The CPU dry run (CI runs it: .ci/run), every step but the tests end to end in under 2
+# minutes (each step is cut at its share of TOTAL_S, so it cannot run longer):
+#     OUT=/tmp/on_gpu_dry TOTAL_S=115 BUILD_S=60 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
+#       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
+#       PIPE_S=60 PIPE_UNIT_S=30 bash bench/tools/on_gpu.sh
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
 # installs nothing (the repository is imported from the checkout).
@@ -69,6 +81,7 @@ if [ -n "${TEST_FOCUS:-}" ]; then
   echo "focus rc=$?" | tee -a "$OUT/steps.txt"
 fi
 
+if [ "$TEST_S" -gt 0 ]; then
 step tests | tee -a "$OUT/steps.txt"
 # tests not started TEST_S from now are skipped (bench/tools/lease_plugin.py), so pytest ends with
 # its report; each failure's traceback is written to failures.txt the moment it fails
@@ -78,17 +91,33 @@ timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST
   --timeout 120 --tb=short -rfE --benchmark-disable -k "${TEST_K:-cuda or triton}" \
   correctness bench/tests >"$OUT/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$OUT/steps.txt"
+fi
 
 step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
-budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+PIPE_S=${PIPE_S:-90}
+budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S ))
+margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
+[ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
-  --dtypes float32,bfloat16 --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
+  --preset "${BENCH_PRESET:-default}" --dtypes "${BENCH_DTYPES:-float32,bfloat16}" --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
+  ${BENCH_HEADS:+--heads "$BENCH_HEADS"} \
   --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
-  --energy-window "${ENERGY_S:-0}" --time-limit $(( budget - 60 )) \
+  --energy-window "${ENERGY_S:-0}" --time-limit $(( budget - margin )) \
   --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/steps.txt"
+if [ "$PIPE_S" -gt 0 ]; then
+  # one seed of the six heads; a unit past its limit is stopped and named in the report, and
+  # the report (rewritten after every unit) survives the step's timeout
+  step "pipeline: ${PIPE_PRESET:-quick}, one seed" | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+  rm -rf /tmp/pipeline
+  timeout -k 10 "$budget" "$PY" -m bench pipeline --preset "${PIPE_PRESET:-quick}" --seeds 1 \
+    --device "${BENCH_DEVICE:-cuda}" --jobs 1 --unit-time-limit "${PIPE_UNIT_S:-$(( budget / 6 ))}" \
+    --no-progress --out /tmp/pipeline >>"$OUT/bench.log" 2>&1
+  echo "pipeline rc=$?" | tee -a "$OUT/steps.txt"
+fi
 if [ "${TRITON_S:-0}" -gt 0 ]; then
   # triton autotunes each new shape for tens of seconds on a GPU: a few heads of its own, its
   # first call per shape a warm-up the suite does not time
@@ -118,7 +147,8 @@ if [ "${REPEATS:-0}" -gt 0 ]; then
   done
 fi
 tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda $(ls -d /tmp/bench_cuda_triton \
-  /tmp/bench_repeat* 2>/dev/null | xargs -r -n1 basename) 2>>"$OUT/steps.txt"
+  /tmp/bench_repeat* /tmp/pipeline 2>/dev/null | xargs -r -n1 basename) 2>>"$OUT/steps.txt"
 
 step done | tee -a "$OUT/steps.txt"
-head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md; tail -25 "$OUT/tests.log"; head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
+head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md
+sed -n 1,12p /tmp/pipeline/table3.md 2>/dev/null; tail -25 "$OUT/tests.log"; head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
