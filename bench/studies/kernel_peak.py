@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.cli_types import fraction, positive_int, positive_int_list
+from bench.cli_types import positive_float, positive_int, positive_int_list
 from bench.harness import native_peak
 from bench.studies.cpu_targets import best_time
 from glai_kernels import extension
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int_list, default=None,
                         help="comma-separated thread counts (default: 1 and torch's count)")
     parser.add_argument("--rounds", type=positive_int, default=5)
-    parser.add_argument("--target", type=fraction, default=0.85)
+    parser.add_argument("--target", type=positive_float, default=0.85)
     args = parser.parse_args(argv)
     build = extension.load()
     if build.error is not None:

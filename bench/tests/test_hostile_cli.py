@@ -100,7 +100,7 @@ BAD_ARGUMENTS = [
     (["cpu-targets", "--rounds", "0"], "argument --rounds: must be a positive integer"),
     (["kernel-peak", "--batches", "256,-1"], "argument --batches: must be comma-separated"),
     (["kernel-peak", "--threads", "0"], "argument --threads: must be comma-separated"),
-    (["kernel-peak", "--target", "1.5"], "argument --target: must be a number in (0, 1]"),
+    (["kernel-peak", "--target", "0"], "argument --target: must be a positive number"),
     (["sparse-cpp-timing", "--mu", "0"], "argument --mu: must be a number in (0, 1]"),
     (["sparse-cpp-timing", "--repeats", "0"], "argument --repeats: must be a positive"),
     (["sparse-crossover", "--mus", "0"], "argument --mus: must be a percentage"),
