@@ -52,6 +52,16 @@ ROW_KEY = ["backend", "dtype", "pass", "batch", "inputs", "paths", "outputs", "s
 # the results table's columns that hold text or flags; every other key or measure is a number
 TEXT_COLUMNS = ("backend", "dtype", "pass", "device", "sweep", "head", "status", "correct",
                 "winner", "bound", "note")
+# what the reports read of a results.json (summary.md, the charts' subtitles, the dispatch
+# table): field -> (accepted types, what the message says it should be)
+_TEXT, _NUMBER = (str, "a string"), ((int, float), "a number")
+META_FIELDS = {"provenance": (dict, "an object"), "preset": (dict, "an object"),
+               "ceilings": (dict, "an object"), "backends": (list, "a list"),
+               "unavailable": (dict, "an object"), "elapsed_s": _NUMBER,
+               "memory_method": _TEXT, "energy": _TEXT}
+PROVENANCE_FIELDS = {**dict.fromkeys(("machine", "device", "device_name", "commit", "date",
+                                      "torch_version"), _TEXT), "threads": (int, "an integer")}
+PRESET_FIELDS = {"name": _TEXT, "description": _TEXT, "dtypes": (list, "a list")}
 
 
 def load(run: Path | str) -> tuple[pd.DataFrame, dict]:
@@ -83,18 +93,27 @@ def read_meta(path: Path) -> dict:
         raise ValueError(f"{path}: not a readable results.json ({e})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: a JSON {type(meta).__name__}, expected a results.json object")
-    prov = meta.get("provenance")
-    if not isinstance(prov, dict) or not all(isinstance(prov.get(k), str)
-                                             for k in ("machine", "device")):
-        raise ValueError(f"{path}: provenance.machine and provenance.device must be strings")
-    for k in ("preset", "dispatch"):
-        if not isinstance(meta.get(k) or {}, dict):
-            raise ValueError(f"{path}: {k} is {type(meta[k]).__name__}, expected an object")
+    wrong = [f"{k} is {_type_name(meta.get(k))}, expected {what}"
+             for k, (kind, what) in META_FIELDS.items() if not isinstance(meta.get(k), kind)]
+    wrong += [f"{part}.{k} is {_type_name(meta[part].get(k))}, expected {what}"
+              for part, fields in (("provenance", PROVENANCE_FIELDS), ("preset", PRESET_FIELDS))
+              if isinstance(meta.get(part), dict)
+              for k, (kind, what) in fields.items() if not isinstance(meta[part].get(k), kind)]
+    if not isinstance(meta.get("dispatch") or {}, dict):
+        wrong.append(f"dispatch is {_type_name(meta['dispatch'])}, expected an object")
+    if wrong:
+        raise ValueError(f"{path}: not a results.json of this suite: {'; '.join(wrong)}")
     try:
         Ceilings(**meta["ceilings"])
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: ceilings are missing or malformed ({e})") from None
+    except TypeError as e:
+        raise ValueError(f"{path}: the ceilings are malformed ({e})") from None
     return meta
+
+
+def _type_name(value: object) -> str:
+    return "missing" if value is None else type(value).__name__
+
+
 
 
 def read_table(path: Path) -> pd.DataFrame:

@@ -19,7 +19,7 @@ KIND = "cuda-Test-GPU-sm90"
 def _run(tmp_path, name, rows, ceilings, kind=KIND, machine="test"):
     out = tmp_path / name
     meta = _meta()
-    meta["provenance"]["machine"] = machine
+    meta["provenance"].update(machine=machine, torch_version="2.13.0")  # what a run records
     meta["ceilings"] = ceilings.as_dict()
     meta["dispatch"] = {"machine_kind": kind}
     meta["command"] = f"glai-bench run --out {name}"
