@@ -33,7 +33,7 @@ def tests(session: nox.Session) -> None:
     _install(session, "test,bench")
     session.run("python", "-m", "glai_kernels")
     # one worker per core (at most 4): on CI's two cores 7 minutes instead of 10.6
-    # (bench/NOTES.md, "CI's correctness suite over two workers"); the slowest tests named in
+    # (docs/notes/ci.md, "CI's correctness suite over two workers"); the slowest tests named in
     # the log: where CI's minutes go
     session.run("pytest", "correctness/", "-n", "auto", "--maxprocesses", "4",
                 "--durations=15", *session.posargs)

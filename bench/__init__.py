@@ -12,7 +12,7 @@ Subpackages, by role (each one's __init__ says what belongs there):
               redrawing and merging finished runs, roofline predictions
   gate/       the regression gate against a committed baseline
   pipeline/   the GLAI pipeline's experiments (the paper's tables)
-  studies/    one-off measurements behind decisions recorded in bench/NOTES.md
+  studies/    one-off measurements behind decisions recorded in docs/notes/README.md
   tools/      CI and GPU-lease tools: CUDA and header compile checks, the lease script and
               its pytest plugin
   tests/      the suite's own tests

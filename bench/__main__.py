@@ -49,8 +49,8 @@ from bench.harness.sweeps import ALL_PASSES, PRESETS
 ROOT = Path(__file__).resolve().parent.parent
 
 # command -> (module whose main(argv) runs it, what it does); "run" is this module's. The
-# studies (bench/studies/) are one-off measurements behind a decision recorded in NOTES.md,
-# kept runnable so the decision can be checked again.
+# studies (bench/studies/) are one-off measurements behind a decision recorded in
+# docs/notes/README.md, kept runnable so the decision can be checked again.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("bench.__main__", "the kernel suite, then the GLAI pipeline (the default command)"),
     "pipeline": ("bench.pipeline.__main__", "the GLAI pipeline alone (the paper's tables)"),

@@ -129,6 +129,6 @@ def _saved_and_fills(op: str) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
 def test_the_backward_gets_no_zero_filled_gradient_for_the_saved_state(op):
     """The forward's second output (Z [B, O, P], or the sparse Zg) is for the backward alone:
     autograd must not hand the backward a zero-filled gradient for it (a 42 MB fill per step
-    at B1; bench/NOTES.md, "Two threads without waiting ...")."""
+    at B1; docs/notes/cpu-kernels.md, "Two threads without waiting ...")."""
     saved_shape, fills = _saved_and_fills(op)
     assert saved_shape not in fills, fills

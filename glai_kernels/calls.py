@@ -153,7 +153,7 @@ def setup_context(ctx, tensors: Tensors, rest: tuple, saved: torch.Tensor,
     ctx.mark_non_differentiable(saved)
     # otherwise autograd hands the backward a zero-filled gradient for `saved` (the dense
     # Z [B, O, P]: a fresh 4.8 MB fill at A1, B = 256, 42 MB at B1, per backward;
-    # bench/NOTES.md, "Two threads without waiting ...")
+    # docs/notes/cpu-kernels.md, "Two threads without waiting ...")
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(*tensors, saved, *rest)
     ctx.backend = backend
@@ -241,8 +241,8 @@ def double_backward(ctx, incoming: Sequence[torch.Tensor | None], forward_of: Ca
 # ---- eager calls that autograd will not record ---------------------------------------------
 # Through torch.library a custom op call costs ~20 µs of Python (autograd wrapper, dispatch,
 # argument checks) before its body runs: 15% of the dense C2 forward at B = 16, as much as the
-# sparse `cpp` kernels themselves at the paper's B = 16 (bench/NOTES.md, "Small batch" and
-# "cpp performance pass"). When nothing could observe the difference (plain tensors, no
+# sparse `cpp` kernels themselves at the paper's B = 16 (docs/notes/cpu-kernels.md, "Small batch"
+# and "cpp performance pass"). When nothing could observe the difference (plain tensors, no
 # torch.compile, no dispatch or function mode, no functorch transform) the body runs directly,
 # with the same checks and the same result checks.
 
@@ -297,8 +297,8 @@ def direct_forward(impl: Backend, shape, tensors: Tensors, rest: tuple,
 # ---- eager calls that autograd records -----------------------------------------------------
 # The custom op's autograd (torch.library's generated Function, then the backward op's own
 # dispatch) cost ≈ 17 µs of Python in the forward and ≈ 47 µs in the backward: at the paper's
-# B = 16 as long as the dense kernels at A2 and C1 (bench/NOTES.md, "The paper's batch at two
-# threads"). For plain tensors in eager mode a Function records the same node: the same bodies,
+# B = 16 as long as the dense kernels at A2 and C1 (docs/notes/cpu-kernels.md, "The paper's batch at
+# two threads"). For plain tensors in eager mode a Function records the same node: the same bodies,
 # the same checks of every result.
 
 

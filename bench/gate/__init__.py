@@ -2,7 +2,7 @@
 
 Two ratios per measurement, both higher-is-better and both free of the machine's absolute
 speed, both from each measurement's fastest sample (on this shared CPU the fastest sample
-wanders far less between runs than the median: bench/NOTES.md, 'Regression gate'):
+wanders far less between runs than the median: docs/notes/gate.md, 'Regression gate'):
 
 - `speedup_best`: the oracle's time (the registry's baseline backend, einsum for the dense
   op) over the backend's, timed in the same run (not gated for the oracle itself, where it is
@@ -30,7 +30,7 @@ the best value each ratio reached, so only a slowdown present in every run fails
 From the command line every run, the baseline's and the check's, is a fresh Python process, as
 CI's is: some ratios sit at a different level in a fresh process than in later runs of one
 process (the cause was not isolated), and a baseline measured in one process had set
-thresholds that fresh processes of unchanged code crossed (bench/NOTES.md, 'Regression gate').
+thresholds that fresh processes of unchanged code crossed (docs/notes/gate.md, 'Regression gate').
 
 On a CPU the gate times with one thread (`CPU_THREADS`). With one thread per core, any other
 process on the machine stalls one thread of every parallel region and the whole call waits for

@@ -67,7 +67,7 @@ def report(verdict: Comparison, baseline: dict, *, limit: int = 40) -> str:
     if len(failed) > limit:
         lines.append(f"... and {len(failed) - limit} more")
     lines += ["", "If the slowdown is intended, accept a new baseline on purpose: "
-              "`nox -s gate -- accept` (see bench/NOTES.md, 'Regression gate')."]
+              "`nox -s gate -- accept` (see docs/notes/gate.md, 'Regression gate')."]
     return "\n".join(lines)
 
 

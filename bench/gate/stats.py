@@ -136,7 +136,7 @@ def gated(level: str, backend: str, metric: str) -> bool:
     The roofline share only for the oracle itself (its per-backend median), where no speedup
     can see it: a machine-wide slowdown (another tenant, a lower clock) moves every backend's
     share at once while the speedups hold, so elsewhere the share is shown, not gated
-    (bench/NOTES.md, 'Regression gate')."""
+    (docs/notes/gate.md, 'Regression gate')."""
     if metric == "speedup_best":
         return True
     return level == "group" and backend == oracle_name()
@@ -180,7 +180,7 @@ def _confirmed_by_its_share(out: pd.DataFrame) -> pd.Series:
     """False for a case's speedup drop whose backend held its share of the physical ceiling at
     that case: the oracle got faster, not the backend slower (a case of A1's forward at B = 256
     halved the speedups of torch, compile and cpp at once in three fresh processes while their
-    shares held; bench/NOTES.md, 'Regression gate'). True elsewhere."""
+    shares held; docs/notes/gate.md, 'Regression gate'). True elsewhere."""
     case_key = ["backend", "head", "shape", "dtype", "pass"]
     shares = out.loc[(out["level"] == "case") & (out["metric"] == "roofline_best_pct"),
                      [*case_key, "beyond"]].rename(columns={"beyond": "share_beyond"})

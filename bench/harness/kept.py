@@ -27,7 +27,7 @@ reference rows, the top K of them kept over all P paths, as
 `bench.studies.sparse_train_step`'s heads.
 Pruning keeps paths whose weight and input statistics are large, so its entries cluster in
 fewer (o, s) groups than a random mask's (B1: ≈ 52 entries a group against ≈ 13), and the
-kernels' cost per entry follows the group size (bench/NOTES.md, "The kept-fraction sweep at
+kernels' cost per entry follows the group size (docs/notes/sparse.md, "The kept-fraction sweep at
 the pruned heads").
 
 Verdicts go through `reference.verdict.judge` against the float64 dense oracle on the

@@ -94,8 +94,8 @@ def outputs_of(spec: PassSpec, result: object) -> Outputs:
 class Call:
     """One pass on one backend or peer. `timed()` is the code a user writes for that pass and
     nothing more (no result dict, no detach, no grad-mode guard: at B = 16 those cost 3-6 µs a
-    call, bench/NOTES.md, "What the suite times at the paper's batch"); it is what the suite
-    warms, times and measures the memory of. Calling the Call returns its named outputs, for
+    call, docs/notes/benchmarks.md, "What the suite times at the paper's batch"); it is what the
+    suite warms, times and measures the memory of. Calling the Call returns its named outputs, for
     the oracle."""
 
     spec: PassSpec

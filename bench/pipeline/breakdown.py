@@ -4,7 +4,7 @@ From one results.json: the raw wall clock and process CPU time of the training r
 (data, head) and model (summed over seeds), per seed, GLAI's three phases, and what is left
 of the run's wall clock / CPU time outside training (the warm-ups, the m_t logging of the
 original MLP, the interleaved cost probes, the reports). Used to fit the default preset to
-its time budget (bench/NOTES.md, "Reproduction stability (issue 14)").
+its time budget (docs/notes/pipeline.md, "Reproduction stability (issue 14)").
 """
 
 from __future__ import annotations

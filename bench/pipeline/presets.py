@@ -15,7 +15,7 @@
            (head, seed) pairs, where p < 0.05 holds with up to three of the smallest
            differences against (with one seed, 6 pairs, two of the smallest against already
            give p = 0.078); it leaves digits to `full`, to stay near the 15-minute target (its
-           CPU time per head: bench/NOTES.md, "Reproduction stability (issue 14)").
+           CPU time per head: docs/notes/pipeline.md, "Reproduction stability (issue 14)").
   full     the paper's settings on a user's machine: larger data, epoch caps of 100 (A, B)
            and 300 (C), the paper's patience, both built-in data sets for every head.
 Users' own embeddings replace the built-in data per head (`--data A1=file.npz`).

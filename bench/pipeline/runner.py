@@ -172,7 +172,7 @@ def _unit_process(preset: Preset, unit: Unit, data_files: dict, threads: int | N
 
 
 def _family_first(unit: Unit) -> int:
-    # B's units are the longest (bench/NOTES.md, "Reproduction stability"): start them first
+    # B's units are the longest (docs/notes/pipeline.md, "Reproduction stability"): start them first
     return {"B": 0, "C": 1}.get(unit.head.family, 2)
 
 

@@ -10,7 +10,7 @@ tensor-core rates, no sparsity); a real kernel reaches some fraction of both. Th
 suite measures the same cases on a CUDA machine (`nox -s bench -- --preset full --backends
 triton,torch,einsum`) and can label these rows as predictions next to its measurements.
 
-    glai-bench predict    # the Markdown tables in bench/NOTES.md ("Triton backend")
+    glai-bench predict    # the Markdown tables in docs/notes/triton.md ("Triton backend")
 """
 
 from __future__ import annotations

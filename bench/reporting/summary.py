@@ -164,7 +164,7 @@ def render(df: pd.DataFrame, meta: dict, charts: list[str] = ()) -> str:
         "same run, and "
         "% of roofline is against ceilings measured in the same run. A backend whose output "
         "misses the float64 oracle is flagged `wrong` and can never win. Method: "
-        "[bench/NOTES.md](../../../bench/NOTES.md#benchmark-suite).",
+        "[docs/notes/benchmarks.md](../../../docs/notes/benchmarks.md#benchmark-suite).",
         "",
     ]
     if p["device"] == "cpu":

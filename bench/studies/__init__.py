@@ -1,5 +1,5 @@
 """One-off measurements: each answers one question whose answer is recorded in
-bench/NOTES.md or a backend's docstring (which kernel layout, which candidate, where the
+docs/notes/README.md or a backend's docstring (which kernel layout, which candidate, where the
 sparse layout starts to win, whether a CPU target is met), and stays runnable so the answer
 can be checked again on another machine.
 

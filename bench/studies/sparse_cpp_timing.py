@@ -1,5 +1,5 @@
 """Time the `cpp` sparse backend against the dense `cpp` on the masked weight, kernel by
-kernel, with each kernel's share of its bytes floor (bench/NOTES.md, "Sparse kept-path
+kernel, with each kernel's share of its bytes floor (docs/notes/sparse.md, "Sparse kept-path
 estimator", the `cpp` subsection, has the prediction and the result).
 
     glai-bench sparse-cpp-timing [--repeats 9] [--batches 16] [--mu 0.01] [--shapes B1 B2]

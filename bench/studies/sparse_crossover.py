@@ -1,5 +1,5 @@
 """Time a pruned GLAIHead's training step in the dense and the sparse layout across the kept
-fraction μ, to place `glai_kernels.glai.prune.SPARSE_CROSSOVER` (bench/NOTES.md, "Sparse
+fraction μ, to place `glai_kernels.glai.prune.SPARSE_CROSSOVER` (docs/notes/sparse.md, "Sparse
 kept-path estimator", has the result).
 
     glai-bench sparse-crossover [--heads A1 B1] [--mus 1 3 10 25 50] [--batch 16]

@@ -1,5 +1,5 @@
 """Time the pure-PyTorch candidates for the sparse kept-path estimator (the `torch` sparse
-backend keeps the fastest; bench/NOTES.md, "Sparse kept-path estimator", has the result).
+backend keeps the fastest; docs/notes/sparse.md, "Sparse kept-path estimator", has the result).
 
     glai-bench sparse-torch-candidates [--repeats 5] [--batches 16 256]
     (or `python -m bench.studies.sparse_torch_candidates ...`)

@@ -1,6 +1,6 @@
 """One GLAI training step on the sparse `cpp` backend against the original MLP's training step,
-per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP step; bench/
-NOTES.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
+per paper head at its matched μ (issue 13's target: GLAI step ≤ 1.0× the MLP step;
+docs/notes/sparse.md, "Sparse kept-path estimator", "cpp performance pass" and "Training step ≤ MLP
 (issue 13 target), second pass", have predictions and results).
 
     glai-bench sparse-train-step [--heads A1 ... C2] [--threads 1 [2]] [--repeats 7]

@@ -273,7 +273,7 @@ def test_the_committed_baselines_are_well_formed():
         b = json.loads(path.read_text())
         assert b["n_runs"] >= 10, f"{path}: the spread must come from at least 10 runs"
         assert b["threads"] == gate.CPU_THREADS or not b["machine"].startswith("cpu"), path
-        # what the gate can see, per backend it tests against the oracle (bench/NOTES.md,
+        # what the gate can see, per backend it tests against the oracle (docs/notes/gate.md,
         # 'Regression gate'): a 20% slowdown of the backend (both passes, as `planted.slowed`
         # makes it) crosses one of its speedup groups, and a 25% slowdown of either pass alone
         # crosses that pass's group; the oracle's own forward+backward is noisier (NOTES)
@@ -320,7 +320,7 @@ def test_real_timings_gate_fails_on_a_planted_slowdown(tmp_path):
     slowed 1.6x: the gate fails on torch (its per-backend means) and names it. The plant
     slows the backend's kernels, not the op's Python around them, which at B = 16 is a large
     share of a call: on the Intel CPU of stop 30 a 1.3x plant moved C2's forward ratio by
-    only 16% and no group mean past its threshold (bench/NOTES.md)."""
+    only 16% and no group mean past its threshold (docs/notes/gate.md)."""
     log = []
     runs = [gate.measure(SMALL, device="cpu", backends=["einsum", "torch"], log=log.append)
             for _ in range(4)]

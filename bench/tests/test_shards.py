@@ -301,7 +301,7 @@ def test_kernel_and_pipeline_costs_rank_the_big_ones_first():
     preset = PIPELINE_PRESETS["default"]
     costs = {u.head.name: runner.unit_cost(preset, u)
              for u in runner.units_of(preset, {}) if u.seed == 0}
-    assert costs["B1"] > costs["A2"]  # B's units are the longest (bench/NOTES.md)
+    assert costs["B1"] > costs["A2"]  # B's units are the longest (docs/notes/benchmarks.md)
 
 
 def test_is_pipeline_run_tells_the_two_kinds_of_folder(runs):

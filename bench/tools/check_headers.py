@@ -7,7 +7,7 @@
 The package admits a range of torch releases, CI builds against one, and the extension's C++
 reaches into torch's autograd internals, whose types change between releases: an autograd
 node made with `c10::make_intrusive` built on torch 2.13 and broke the whole build on 2.11
-(bench/NOTES.md, "An H100 lease"). This fetches the release's wheel (`pip download --no-deps`,
+(docs/notes/cuda.md, "An H100 lease"). This fetches the release's wheel (`pip download --no-deps`,
 about 0.5 GB, kept in $GLAI_KERNELS_CACHE/wheels), unpacks only `torch/include`, and compiles
 every CPU source and CUDA binding with `-fsyntax-only` and the JIT build's flags. Exit 1 on any
 error, or when the wheel cannot be fetched (0 with `--skip-if-offline`, saying so). A CUDA

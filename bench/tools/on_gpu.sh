@@ -131,7 +131,7 @@ if [ "${TRITON_S:-0}" -gt 0 ]; then
   echo "triton rc=$?" | tee -a "$OUT/steps.txt"
 fi
 if [ "${REPEATS:-0}" -gt 0 ]; then
-  # the host-bound small heads' medians move between runs (bench/NOTES.md, "An H200 lease"):
+  # the host-bound small heads' medians move between runs (docs/notes/cuda.md, "An H200 lease"):
   # the same cells again, each run its own folder, for `glai-bench merge --repeats`
   for k in $(seq "$REPEATS"); do
     step "repeat $k of $REPEATS at ${REPEAT_HEADS:-A1,A2,C1,C2}" | tee -a "$OUT/steps.txt"

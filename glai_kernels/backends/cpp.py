@@ -41,8 +41,9 @@ def cpp_eager(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
 
 def cpp_auto_priority() -> dict[str, int]:
     """Above `torch` (10) on CPUs with AVX2 or AVX-512, where the float32 kernels measured 1.4x
-    and 3.3x its forward+backward (bench/NOTES.md; float64, float16 and, with AVX512_BF16,
-    bfloat16 are faster too); below it elsewhere, where only the portable build runs (0.4x).
+    and 3.3x its forward+backward (docs/notes/cpu-kernels.md; float64, float16 and, with
+    AVX512_BF16, bfloat16 are faster too); below it elsewhere, where only the portable build runs
+    (0.4x).
     Read from torch's CPU capability, so choosing needs no build."""
     capability = torch.backends.cpu.get_cpu_capability()
     return {"cpu": 20 if capability in ("AVX2", "AVX512") else 5}

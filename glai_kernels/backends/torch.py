@@ -19,7 +19,7 @@ Backward, with weight viewed as W2 [O*I, P] (a free view of the contiguous weigh
     V = dy[b, o] act[b, s] as [B, O*P];  dx = V @ weight^T viewed [O*P, I]
        (when B <= P: O GEMMs V_o [B, P] @ weight[o]^T summed over o, no copy of weight)
 Each is one GEMM with K in {O*I, B, O*P}. The measurements behind these choices are in
-bench/NOTES.md.
+docs/notes/cpu-kernels.md.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def torch_backward(
             # Small batch: O GEMMs V_o [B, P] @ weight[o]^T, read in place, then a sum over
             # o. The copy below writes O*I*P elements, more than the [O, B, I] partials here
             # when B <= P, and at B = 16 the copy cost 3x the GEMMs (A1: 3.0 -> 0.8 ms,
-            # bench/NOTES.md "Small batch").
+            # docs/notes/cpu-kernels.md "Small batch").
             v = dy.t().unsqueeze(2) * act.unsqueeze(0)  # [O, B, P]
             dx = torch.bmm(v, weight.transpose(1, 2)).sum(0)
         else:

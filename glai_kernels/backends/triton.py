@@ -36,7 +36,7 @@ being run, and triton.language is patched while a kernel runs): call this backen
 thread at a time under TRITON_INTERPRET=1.
 
 Every index that is multiplied by a stride is int64 (`_tile`), so B*I, O*I*P, B*O*P past
-2**31 address correctly. Design notes and predictions: bench/NOTES.md, "Triton backend".
+2**31 address correctly. Design notes and predictions: docs/notes/triton.md, "Triton backend".
 """
 
 # Kernel arguments follow Triton's convention (compile-time constants in capitals) and the

@@ -5,9 +5,9 @@
 // The same bodies as op.py's Python Function: the forward is glai_ext::forward (Z kept when
 // `save`) plus bias, the backward glai_ext::backward and dbias = dy summed over b in the
 // accumulation dtype (contract.bias_gradient). With no Python in the node, a step at the
-// paper's B = 16 is 20-45 us shorter (bench/NOTES.md, "The eager node in C++"). A backward that
-// builds a graph (create_graph) calls the custom op glai::estimator_backward with `backend`,
-// whose own autograd formula gives gradients of gradients, as the Python Function does.
+// paper's B = 16 is 20-45 us shorter (docs/notes/cpu-kernels.md, "The eager node in C++"). A
+// backward that builds a graph (create_graph) calls the custom op glai::estimator_backward with
+// `backend`, whose own autograd formula gives gradients of gradients, as the Python Function does.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -80,8 +80,8 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
 
 // The node the eager path records: a plain autograd Node, as torch's generated nodes are, not
 // a torch::autograd::Function (whose CppNode, context and saved_data map cost ~2-3 us a
-// step at the paper's B = 16; bench/NOTES.md, "The eager node without CppNode"). Its next
-// edges are x, act, weight and bias (an empty edge when there is no bias).
+// step at the paper's B = 16; docs/notes/cpu-kernels.md, "The eager node without CppNode"). Its
+// next edges are x, act, weight and bias (an empty edge when there is no bias).
 struct EstimatorBackward : public torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     variable_list out(4);

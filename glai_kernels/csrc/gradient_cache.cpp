@@ -20,7 +20,8 @@
 namespace glai_cache {
 namespace {
 
-// with this bound no step at the paper's B = 16 faults a page (bench/NOTES.md, as in the header)
+// with this bound no step at the paper's B = 16 faults a page (docs/notes/cpu-kernels.md, as in the
+// header)
 constexpr int64_t kMinBytes = int64_t{256} << 10;
 constexpr int64_t kMaxHeldBytes = int64_t{1} << 30;  // kept blocks, all sizes together
 constexpr uintptr_t kHuge = uintptr_t{2} << 20;

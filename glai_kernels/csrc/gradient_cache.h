@@ -5,7 +5,7 @@
 // 210 MB dweight: 8 of the 14 ms of its dweight at B = 16, two threads), and smaller blocks
 // fare no better under autograd: freeing a step's gradients leaves a free top of the heap that
 // glibc trims back to the OS, so the next step faults it in again (A1 at B = 16: 24-35 faults
-// and +15% on the median step, C1 28-54 faults and p90 2.7x the median; bench/NOTES.md,
+// and +15% on the median step, C1 28-54 faults and p90 2.7x the median; docs/notes/cpu-kernels.md,
 // "Gradients kept from 256 KiB"). In training the gradients are freed each step (zero_grad,
 // or the caller dropping them) and the next backward asks for the same sizes again: this
 // keeps freed results of at least kMinBytes (at most 1 GiB in all, the oldest freed first) and hands them

@@ -56,7 +56,7 @@ void work(Job& job) {
 // The caller's wait for tasks still running on helpers: a short spin, then sleep. Sleeping,
 // not yielding, matters: it leaves the caller's core idle, so the scheduler moves a helper
 // that is waiting for a core there, e.g. behind an OpenMP worker of torch's that spins after
-// its own parallel region (bench/NOTES.md, "Two threads without waiting ...").
+// its own parallel region (docs/notes/cpu-kernels.md, "Two threads without waiting ...").
 void wait_done(Job& job) {
   for (int spins = 0; spins < 1000; ++spins)
     if (job.done.load(std::memory_order_acquire) >= job.n) return;
@@ -113,7 +113,7 @@ class Pool {
 
   // After a job a helper watches for the next one for kSpin before it sleeps: the calls of
   // a training step come tens of µs apart, and a sleeping helper took about as long as a
-  // whole pass to wake (at the paper's B = 16 a pass is 25-150 µs; bench/NOTES.md, "The
+  // whole pass to wake (at the paper's B = 16 a pass is 25-150 µs; docs/notes/cpu-kernels.md, "The
   // paper's batch at two threads").
   static constexpr std::chrono::microseconds kSpin{200};
   void spin_for_next(uint64_t seen) const {

@@ -5,11 +5,11 @@
 //
 // The helpers are torch's OpenMP team by default (one region per job): its workers are awake
 // after torch's own parallel ops and take our tasks at once, measured 8-22% faster per step at
-// the paper's B = 16 than this file's own pool, and no slower at large sizes (bench/NOTES.md,
-// "The kernels' tasks on torch's OpenMP team"). The pool (a caller that returns once every
-// task is done, never waiting for a helper that has not started; helpers that watch for the
-// next job for 200 us) stays for forked children, where GNU OpenMP's team hangs, and on
-// request ($GLAI_KERNELS_RUNNER=pool, glai_ext::cpu_runner).
+// the paper's B = 16 than this file's own pool, and no slower at large sizes
+// (docs/notes/cpu-kernels.md, "The kernels' tasks on torch's OpenMP team"). The pool (a caller that
+// returns once every task is done, never waiting for a helper that has not started; helpers that
+// watch for the next job for 200 us) stays for forked children, where GNU OpenMP's team hangs, and
+// on request ($GLAI_KERNELS_RUNNER=pool, glai_ext::cpu_runner).
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,8 @@ namespace glai_pool {
 using Task = void (*)(void* ctx, int64_t task);
 
 // Who runs a job's tasks besides the caller: the pool's own helper threads, or torch's OpenMP
-// team (one parallel region; bench/NOTES.md, "The kernels' tasks on torch's OpenMP team").
-// $GLAI_KERNELS_RUNNER ("pool" or "openmp") picks at load; glai_ext::cpu_runner switches.
+// team (one parallel region; docs/notes/cpu-kernels.md, "The kernels' tasks on torch's OpenMP
+// team"). $GLAI_KERNELS_RUNNER ("pool" or "openmp") picks at load; glai_ext::cpu_runner switches.
 enum class Runner { kPool, kOpenMP };
 constexpr Runner kDefaultRunner = Runner::kOpenMP;
 Runner runner();

@@ -5,7 +5,7 @@ Python wrapper: the ordinary loop's arithmetic, bit for bit with torch's update
 At the paper's batch size the sparse `cpp` kernels take less time than the machinery around
 them: torch's autograd engine over the estimator's autograd.Function, `Adam.step`'s wrapper
 (`_init_group`, the step count's bookkeeping), `zero_grad`, `nn.Module.__call__`
-(bench/NOTES.md, "Training step: the Python around the kernels (third pass)" and "the fused
+(docs/notes/sparse.md, "Training step: the Python around the kernels (third pass)" and "the fused
 step (fourth pass)"). `FusedSparseStep` keeps the kernels and drops the machinery:
 
     stepper = FusedSparseStep(head, optimizer)      # optimizer: torch.optim.Adam/AdamW
@@ -27,7 +27,7 @@ With the `cpp` backend, float32/float64 values, a fused optimizer and one model 
 the kept values' update runs inside the dvalues kernel instead (`kernel_adam=True`, the
 default): `glai_ext::sparse_dvalues_adam` computes dvalues for a chunk of groups and applies
 Adam/AdamW to that chunk's values and moments while they are in cache, where `_fused_adam_`
-re-read all four [K] arrays in a pass of its own (bench/NOTES.md, "Adam inside dvalues"), and
+re-read all four [K] arrays in a pass of its own (docs/notes/sparse.md, "Adam inside dvalues"), and
 a fused-group bias is updated by `glai_ext::bias_adam` (dbias and its update in one call). It
 is torch's formula with torch's scalars; the float operations may be contracted differently
 from torch's build, so the values agree with the torch update to within a few units in the
@@ -275,7 +275,7 @@ class FusedSparseStep:
 
     def _bias_adam_in_kernel(self, group: dict, dy: torch.Tensor, bias: torch.Tensor) -> None:
         # dbias = dy summed over the batch and the bias's update in one call: torch's sum, step
-        # count and _fused_adam_ cost ≈ 17 µs inside a B1 step (bench/NOTES.md, "The bias's
+        # count and _fused_adam_ cost ≈ 17 µs inside a B1 step (docs/notes/sparse.md, "The bias's
         # update in one call, and the selector's tiles")
         fused.bias_adam(dy, bias.detach(), *self._kernel_update_args(group, bias))
 

@@ -203,7 +203,7 @@ class GLAIHead(nn.Module):
             chosen = sparse_op.op.resolve(self.backend, x.device, dtype,
                                           sparse_op.op.auto_call(x_aug, act, sw, self.backend))
             self.backend_used = f"sparse:{chosen.name}"
-            # resolved once here, not again inside `estimator` (bench/NOTES.md, "Training
+            # resolved once here, not again inside `estimator` (docs/notes/sparse.md, "Training
             # step: the Python around the kernels")
             return sparse_op.op.run_resolved(x_aug, act, sw, self.bias, chosen)
         if self._pruned is not None and torch.is_grad_enabled():

@@ -34,7 +34,7 @@ SPARSE_CROSSOVER: dict[str, float] = {"cpu": 0.75}
 """Per device type, the kept fraction K / (O·I·P') at or below which the sparse layout's
 training step beats the dense one's: on CPU the sparse `cpp` step won at every kept fraction
 measured up to 75% at the A1, A2, B1, C1 and C2 shapes (1.5-2.6x at 75%) and lost at 90% at B1
-(bench/NOTES.md, "The crossover re-measured with the sparse `cpp` backend"). A device type
+(docs/notes/sparse.md, "The crossover re-measured with the sparse `cpp` backend"). A device type
 not listed always gets the dense layout under layout="auto"."""
 
 LAYOUT_CHOICES = ("auto", "dense", "sparse")

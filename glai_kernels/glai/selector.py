@@ -15,7 +15,7 @@ The frozen layers' GEMMs run on the extension's `glai_ext::linear` (through
 `glai_kernels.fused.linear`; float32/float64 on CPU, outside torch.compile, when the extension
 is available: the same rule as the `auto` backend, building it on first need), else on
 `F.linear`. At the paper's batch sizes MKL's sgemm reaches
-a third of this CPU's FMA peak and the extension about 2x that (bench/NOTES.md, "The
+a third of this CPU's FMA peak and the extension about 2x that (docs/notes/sparse.md, "The
 selector's GEMM"). `PathSelector.gemm = "torch"` forces F.linear. The two sum in different
 orders, so a pre-activation within rounding of 0 may gate differently; the path weights see
 such a unit's contribution only as ~its pre-activation (≈ 0) either way.
@@ -206,7 +206,7 @@ class PathSelector(nn.Module):
             # (each column sums in the same order wherever it sits: the same bits as
             # selecting from every unit's gates), the columns zero-padded to whole register
             # tiles once here, so the kernel does not pad its last block on every call
-            # (B1's P = 319: ≈ 9 µs a call; bench/NOTES.md, "The bias's update in one call,
+            # (B1's P = 319: ≈ 9 µs a call; docs/notes/sparse.md, "The bias's update in one call,
             # and the selector's tiles")
             weight, bias = self._derived(
                 "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),

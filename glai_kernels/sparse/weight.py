@@ -129,7 +129,7 @@ class SparsePathWeight(nn.Module):
     @property
     def index(self) -> KeptIndex:
         # straight from the buffer dict: ten nn.Module.__getattr__ calls cost ≈ 15 µs, a
-        # visible share of a training step at the paper's B = 16 (bench/NOTES.md, "Training
+        # visible share of a training step at the paper's B = 16 (docs/notes/sparse.md, "Training
         # step ≤ MLP", second pass)
         buffers = self._buffers
         return KeptIndex(*(buffers[name] for name in KeptIndex._fields))

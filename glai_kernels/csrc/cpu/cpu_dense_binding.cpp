@@ -8,7 +8,8 @@
 // instead of a GEMM. The CUDA implementation of the same schemas is registered by
 // cuda/cuda_dense_binding.cpp when it is built.
 //
-// Narrow ATen headers instead of torch/extension.h halve the first build (bench/NOTES.md).
+// Narrow ATen headers instead of torch/extension.h halve the first build
+// (docs/notes/cpu-kernels.md).
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -77,8 +78,8 @@ namespace {
 // Work below this many FLOPs per thread stays on fewer threads: ~8 us of one core here.
 // Tasks are claimed from a shared counter, so a helper that starts late holds no work
 // (task_pool.h); with OpenMP regions of one static chunk per thread this had to be 256 MFLOP,
-// with the pool's sleeping helpers 16 MFLOP (bench/NOTES.md, "Two threads without waiting for
-// a thread that never started", "The paper's batch at two threads").
+// with the pool's sleeping helpers 16 MFLOP (docs/notes/cpu-kernels.md, "Two threads without
+// waiting for a thread that never started", "The paper's batch at two threads").
 // glai_ext::min_flops_per_thread sets it (0: every call on all threads; a test hook).
 std::atomic<int64_t> g_min_flops_per_thread{int64_t{2} << 20};
 

@@ -2,10 +2,11 @@
 //
 // Builds meant for other machines cannot use -march=native, and a baseline x86-64 build
 // would leave AVX-512 unused (twice AVX2's FMA work per instruction: 2.2-3x MKL's sgemm rate
-// for these kernels on the machine in bench/NOTES.md, where MKL runs AVX2 code). So the same source is compiled three times under target pragmas,
-// into namespaces avx512, avx2 and portable, and __builtin_cpu_supports chooses at first
-// use. $GLAI_KERNELS_CPU_ISA (or the op glai_ext::cpu_isa) forces one, for tests. bfloat16
-// has its own kernels (kernels_bf16.inc) for CPUs with AVX512_BF16, used with "avx512".
+// for these kernels on the machine in docs/notes/cpu-kernels.md, where MKL runs AVX2 code). So the
+// same source is compiled three times under target pragmas, into namespaces avx512, avx2 and
+// portable, and __builtin_cpu_supports chooses at first use. $GLAI_KERNELS_CPU_ISA (or the op
+// glai_ext::cpu_isa) forces one, for tests. bfloat16 has its own kernels (kernels_bf16.inc) for
+// CPUs with AVX512_BF16, used with "avx512".
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

@@ -53,7 +53,7 @@ constexpr const char* kIndexNames[] = {"inputs",    "group_ptr",     "group_outp
 constexpr size_t kIndexCount = sizeof(kIndexNames) / sizeof(kIndexNames[0]);
 
 // Below this many multiply-adds per thread a call uses fewer threads: starting and joining a
-// parallel region costs tens of microseconds, more on a loaded machine (bench/NOTES.md).
+// parallel region costs tens of microseconds, more on a loaded machine (docs/notes/sparse.md).
 std::atomic<int64_t> g_min_work{int64_t{1} << 19};
 
 struct Sizes {
@@ -143,7 +143,7 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
 // out [n, ld] = in [B, n] transposed, the padding columns zero: a plain loop, rows of out in
 // order, each reading one element of every row of in (B sequential streams). torch's strided
 // copy_ took ≈ 17 µs for B1's x [16, 1281], and a training step transposes x twice, act
-// twice and dy once (bench/NOTES.md, "Training step ≤ MLP", second pass).
+// twice and dy once (docs/notes/sparse.md, "Training step ≤ MLP", second pass).
 template <typename T>
 void transpose_into(const T* in, T* out, int64_t batch, int64_t n, int64_t ld) {
   for (int64_t i = 0; i < n; ++i) {
@@ -343,7 +343,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu_needs(
 
 // dvalues then Adam over groups of about this many entries at a time, so that each chunk's
 // gradient, values and moments are still in L1/L2 when the update reads them (a separate
-// optimizer pass re-reads all four arrays from L3: bench/NOTES.md, "Adam inside dvalues").
+// optimizer pass re-reads all four arrays from L3: docs/notes/sparse.md, "Adam inside dvalues").
 constexpr int64_t kAdamChunk = 4096;
 
 template <typename T>
@@ -462,7 +462,7 @@ void sparse_dvalues_adam_cpu(const at::Tensor& dy, const at::Tensor& x, const at
 
 // bias [O] -= Adam / AdamW of g[o] = sum_b dy[b, o] (b in order), moments in place: the fused
 // step's bias update in one call instead of torch's sum, step count and _fused_adam_ (each an
-// op dispatch, ≈ 17 µs together inside a B1 step: bench/NOTES.md, "The bias's update in one
+// op dispatch, ≈ 17 µs together inside a B1 step: docs/notes/sparse.md, "The bias's update in one
 // call, and the selector's tiles").
 void bias_adam_cpu(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
                    at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,

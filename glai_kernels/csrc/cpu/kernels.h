@@ -71,7 +71,7 @@ void free_kept(void* p, int64_t bytes);
 // tall tile above (kernels.inc, dx_along_s). Measured per CPU vendor, since it is where the
 // last-level cache stops feeding the form along s's scattered rows faster than the tall
 // tile's contiguous blocks: 16 MiB on AMD (Zen 5), 4 MiB on Intel (a Xeon with a 300 MiB mesh
-// L3); bench/NOTES.md, "dx along s on an Intel Xeon".
+// L3); docs/notes/cpu-kernels.md, "dx along s on an Intel Xeon".
 int64_t dx_along_s_max_weight_bytes();
 
 // The instruction set in use ("avx512", "avx2", "portable").

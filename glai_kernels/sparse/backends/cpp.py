@@ -28,7 +28,7 @@ walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per b
 chunk by chunk of groups (what FusedSparseStep calls). `torch.ops.glai_ext.sparse_min_work(n)`
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
-Timings and each kernel's share of its bytes floor: bench/NOTES.md; rerun with
+Timings and each kernel's share of its bytes floor: docs/notes/sparse.md; rerun with
 `glai-bench sparse-cpp-timing`.
 """
 
@@ -55,7 +55,7 @@ def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
 def cpp_auto_priority() -> dict[str, int]:
     """Above the `torch` sparse backend (10) on every CPU: forward + backward at μ = 1% measured
     1.4-2.9x faster than `torch` with each instruction set, the portable build included (B1
-    and A1, B = 16 and 256, one thread; bench/NOTES.md, "Sparse kept-path estimator")."""
+    and A1, B = 16 and 256, one thread; docs/notes/sparse.md, "Sparse kept-path estimator")."""
     return {"cpu": 20}
 
 

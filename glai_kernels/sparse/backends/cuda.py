@@ -35,7 +35,7 @@ SPARSE_ESTIMATOR.register(Backend(
     description="CUDA extension: fused gathers over the kept-path layout, batch on the lanes, "
                 "fixed-order reductions (deterministic)",
     # above `torch` (10): one fused pass per product instead of CSR products and index_adds;
-    # a roofline prediction (bench/NOTES.md, "cuda (sparse)"), not yet measured on a GPU
+    # a roofline prediction (docs/notes/sparse.md, "cuda (sparse)"), not yet measured on a GPU
     auto_priority={"cuda": 20},
     availability=extension.cuda_availability,
 ))

@@ -15,7 +15,7 @@ Backward, with A[g, b] = dy[b, o_g] act[b, s_g] ([G, B]):
                 forward when act needs a gradient)
 Everything runs in the transposed [rows, B] form (B contiguous per row) and in float32 for
 half inputs. Of the pure-PyTorch forms measured (gather + index_add, gather + segment_reduce,
-this), this was the fastest at both paper shapes and both batches: bench/NOTES.md,
+this), this was the fastest at both paper shapes and both batches: docs/notes/sparse.md,
 "Sparse kept-path estimator"; `glai-bench sparse-torch-candidates` reruns the comparison.
 """
 

@@ -29,7 +29,7 @@ float32 for half inputs. Triton's interpreter (TRITON_INTERPRET=1 before import)
 same kernels on CPU; it truncates when converting to bfloat16, so bfloat16 results are
 rounded to nearest even by the dense backend's `_rounded` (EMULATE_BF16). Every offset that
 multiplies an index by a size is int64 (o·B, g·B, i·B, rows·O...), so B·G, B·I past 2^31
-address correctly. Design notes and the GPU prediction: bench/NOTES.md, "triton (sparse)".
+address correctly. Design notes and the GPU prediction: docs/notes/sparse.md, "triton (sparse)".
 """
 
 # Kernel arguments follow Triton's convention (compile-time constants in capitals) and the
