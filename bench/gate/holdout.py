@@ -17,11 +17,13 @@ import argparse
 import itertools
 import json
 import random
-from pathlib import Path
+import sys
 
 import pandas as pd
 
 from bench import gate
+from bench.cli_types import existing_file, positive_float, positive_int
+from bench.gate.store import check_baseline
 
 
 def planted(table: pd.DataFrame, backend: str, factor: float) -> pd.DataFrame:
@@ -82,11 +84,13 @@ def summary(trials: pd.DataFrame, factor: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="glai-bench holdout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("baseline", type=Path, nargs="?",
+    p.add_argument("baseline", type=existing_file, nargs="?",
                    help="a baseline JSON (default: this machine kind's, if committed)")
-    p.add_argument("--hold", type=int, default=3, help="runs held out per split (default 3)")
-    p.add_argument("--factor", type=float, default=1.2, help="planted slowdown (default 1.2)")
-    p.add_argument("--splits", type=int, default=60, help="splits to try (default 60)")
+    p.add_argument("--hold", type=positive_int, default=3,
+                   help="runs held out per split (default 3)")
+    p.add_argument("--factor", type=positive_float, default=1.2,
+                   help="planted slowdown (default 1.2)")
+    p.add_argument("--splits", type=positive_int, default=60, help="splits to try (default 60)")
     args = p.parse_args(argv)
     if args.baseline is None:
         import torch
@@ -94,7 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         from bench.harness.provenance import collect
 
         args.baseline = gate.baseline_path(gate.machine_kind(collect(torch.device("cpu"))))
-    baseline = json.loads(args.baseline.read_text())
+        if not args.baseline.is_file():
+            p.error(f"no committed baseline for this machine kind ({args.baseline}); name one")
+    try:
+        baseline = json.loads(args.baseline.read_text())
+        if not isinstance(baseline, dict):
+            raise ValueError("not a JSON object")
+        check_baseline(baseline)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        print(f"{p.prog}: error: {args.baseline}: not a usable baseline ({e})", file=sys.stderr)
+        return 2
+    if args.hold >= baseline["n_runs"]:
+        p.error(f"argument --hold: {args.hold} leaves no run of the baseline's "
+                f"{baseline['n_runs']} to build from")
     trials = holdout(baseline, hold=args.hold, factor=args.factor, max_splits=args.splits)
     print(f"{args.baseline}: {baseline['n_runs']} runs; {trials['split'].nunique()} splits "
           f"holding out {args.hold}")

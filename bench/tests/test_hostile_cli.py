@@ -110,6 +110,11 @@ BAD_ARGUMENTS = [
     (["sparse-train-step", "--backend", "nope"], "argument --backend: unknown"),
     (["dispatch-overhead", "--rounds", "3"], "unrecognized arguments: --rounds 3"),
     (["predict", "--out", "x"], "unrecognized arguments: --out x"),
+    (["holdout", "--hold", "0"], "argument --hold: must be a positive integer"),
+    (["holdout", "--factor", "-1"], "argument --factor: must be a positive number"),
+    (["holdout", "/no/such/baseline.json"], "argument baseline: no such file"),
+    (["check-cuda", "--arch", "sm_eighty"], "argument --arch: must be a compute capability"),
+    (["check-headers", "--include", "/no/such/include"], "argument --include: no such folder"),
 ]
 
 
@@ -343,12 +348,25 @@ def test_the_traceback_is_there_when_asked_for(tmp_path, monkeypatch):
         bench_main.main(["render", str(tmp_path)])
 
 
-def test_a_command_without_checks_of_its_own_still_names_the_file(tmp_path, capsys):
-    """`holdout` reads its baseline without checking it first: main's last line of defence
-    still answers in one line naming the file, with a non-zero status."""
-    missing = tmp_path / "no-such-baseline.json"
-    code, out = call(["holdout", str(missing)], capsys)
-    assert code != 0 and str(missing) in out and "glai-bench holdout: error:" in out, out
+def test_holdout_names_a_baseline_that_is_not_one(tmp_path, capsys):
+    bad = tmp_path / "baseline.json"
+    bad.write_text('{"kind": "glai-kernels-gate-baseline"}')
+    code, out = call(["holdout", str(bad)], capsys)
+    assert code == 2 and str(bad) in out and "not a usable baseline" in out, out
+
+
+def test_an_unexpected_error_is_one_line_naming_the_command(tmp_path, monkeypatch, capsys):
+    """main's last line of defence: an error no check foresaw still ends in one line with the
+    command, the error's type and message, and a non-zero status; no traceback."""
+    monkeypatch.delenv("GLAI_BENCH_TRACEBACK", raising=False)
+
+    def fails(out_dir):
+        raise OSError(f"{out_dir}/plots: disk full")
+
+    monkeypatch.setattr(render, "render", fails)
+    code, out = call(["render", str(tmp_path)], capsys)
+    assert code == 1 and "Traceback" not in out, out
+    assert "glai-bench render: error: OSError:" in out and "disk full" in out, out
 
 
 # the real entry point, in a fresh process

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from bench.cli_types import output_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_DIR = ROOT / "glai_kernels" / "csrc" / "cuda"
 DEFAULT_ARCHS = ("80", "90")
@@ -180,11 +182,20 @@ def report(arch: str, nvcc_version: str, rows: list[tuple[str, Function]]) -> st
     return "\n".join(lines) + "\n"
 
 
+def compute_capability(text: str) -> str:
+    """An sm_XY number as nvcc takes it: two or three digits (80, 90, 100, 120a)."""
+    if not re.fullmatch(r"\d{2,3}[af]?", text):
+        raise argparse.ArgumentTypeError(f"must be a compute capability such as 80 or 90, "
+                                         f"got {text!r}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench check-cuda",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", action="append", help="compute capability, e.g. 80")
-    parser.add_argument("--report-dir", type=Path, default=ROOT / "reports" / "ptxas")
+    parser.add_argument("--arch", action="append", type=compute_capability,
+                        help="compute capability, e.g. 80")
+    parser.add_argument("--report-dir", type=output_dir, default=ROOT / "reports" / "ptxas")
     args = parser.parse_args(argv)
     nvcc = find_nvcc()
     if nvcc is None:

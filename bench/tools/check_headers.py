@@ -26,6 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from bench.cli_types import existing_dir
 from bench.tools.check_cuda import cuda_include_dir, cuda_macros_stub, find_nvcc, on_every_core
 from glai_kernels import extension_build
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--torch", default=None,
                    help="the torch release to check against (default: pyproject's lower bound)")
-    p.add_argument("--include", type=Path, default=None,
+    p.add_argument("--include", type=existing_dir, default=None,
                    help="a torch/include folder to use instead of fetching a wheel")
     p.add_argument("--skip-if-offline", action="store_true",
                    help="exit 0, saying so, when the wheel cannot be fetched (CI: a network "
