@@ -68,6 +68,9 @@ def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
                         "HEAD~1 on main)")
     c.add_argument("--pairs", type=at_least(2), default=2,
                    help="interleaved (base, candidate) runs, each a fresh process (default 2)")
+    c.add_argument("--jobs", type=int, choices=(1, 2), default=2,
+                   help="2: each pair's base and candidate side by side, one per core "
+                        "(default); 1: one after the other")
     c.add_argument("--baseline", action="store_true",
                    help="also compare the candidate's runs with the committed baseline for "
                         "this machine kind, where one exists")
@@ -160,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
 def _check_paired(args: argparse.Namespace) -> int:
     """This checkout against a base commit (and, with --baseline, the committed baseline)."""
     confirm = 1 if args.confirm is None else args.confirm
-    passed, text, runs = versus(args.base, pairs=args.pairs, confirm=confirm,
+    passed, text, runs = versus(args.base, pairs=args.pairs, confirm=confirm, jobs=args.jobs,
                                 preset=args.preset, device=args.device, plant=args.plant)
     print(text)
     if args.save:

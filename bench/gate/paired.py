@@ -7,7 +7,10 @@ The base is checked out with `git worktree add --detach` into a temporary folder
 from there (PYTHONPATH pointing at it; its C++ extension builds just in time, and the JIT cache
 keys on the sources, so an unchanged csrc reuses this checkout's build). Runs alternate in
 fresh processes, base, candidate, base, candidate..., so a slow minute of the shared machine
-falls on both sides alike. Each run yields the same-run ratios of `bench.gate.stats.ratios`.
+falls on both sides alike; with `jobs=2` (the default) each pair's two processes run side by
+side, one per core (each times with one thread), which halves the wall time: a run of the
+quick preset's cases costs about 50 s of CPU, most of it the correctness checks and warm-up
+calls, not the timing. Each run yields the same-run ratios of `bench.gate.stats.ratios`.
 
 The rule (docs/notes/gate.md, "Current state"). Per ratio (backend, shape, pass, metric), each
 side's value is the geometric mean of its runs and the change is log(candidate / base). The
@@ -35,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -206,13 +211,16 @@ def paired_report(verdict: Comparison, baseline: dict, base: str) -> str:
                          "compares with the base commit, so the next change is judged from it.")
 
 
-def versus(base: str | None = None, *, pairs: int = 2, confirm: int = 1,
+def versus(base: str | None = None, *, pairs: int = 2, confirm: int = 1, jobs: int = 2,
            preset: str = "quick", device: str | None = None, plant: str | None = None,
            timing: dict | None = None, root: Path = ROOT, log=print,
            **rule) -> tuple[bool, str, list[dict]]:
     """Measure `pairs` interleaved (base, candidate) runs, judge, and on a failure add a pair
-    and judge again, up to `confirm` times. `plant` slows a backend in the candidate only.
+    and judge again, up to `confirm` times. `plant` slows a backend in the candidate only;
+    `jobs` 2 runs a pair's two processes side by side, 1 one after the other.
     Returns (passed, report, the candidate's runs)."""
+    if jobs not in (1, 2):
+        raise ValueError(f"jobs: 1 (one after the other) or 2 (side by side), got {jobs}")
     if pairs < 2:
         raise ValueError(f"pairs: a spread needs at least 2 pairs, got {pairs}")
     rev = base or base_revision(root)
@@ -222,12 +230,15 @@ def versus(base: str | None = None, *, pairs: int = 2, confirm: int = 1,
     candidate_runs: list[dict] = []
     with checkout(commit, root) as tree:
         def one_pair() -> None:
-            i = len(base_runs) + 1
-            log(f"pair {i}: base {label}, in a fresh process")
-            base_runs.append(measure_in(tree, preset=preset, device=device, timing=timing))
-            log(f"pair {i}: candidate (this checkout{', planted ' + plant if plant else ''})")
-            candidate_runs.append(measure_in(root, preset=preset, device=device, plant=plant,
-                                             timing=timing))
+            log(f"pair {len(base_runs) + 1}: base {label} and the candidate (this checkout"
+                f"{', planted ' + plant if plant else ''}), each in a fresh process")
+            sides = [partial(measure_in, tree, preset=preset, device=device, timing=timing),
+                     partial(measure_in, root, preset=preset, device=device, plant=plant,
+                             timing=timing)]
+            with ThreadPoolExecutor(jobs) as pool:
+                base_run, candidate_run = pool.map(lambda measure: measure(), sides)
+            base_runs.append(base_run)
+            candidate_runs.append(candidate_run)
 
         for _ in range(pairs):
             one_pair()

@@ -93,11 +93,18 @@ def test_versus_interleaves_plants_the_candidate_only_and_confirms(monkeypatch):
         return queue[side].pop(0)
 
     monkeypatch.setattr(paired, "measure_in", fake_measure)
-    passed, text, cand = paired.versus("HEAD", pairs=2, confirm=1, plant="torch=1.3",
+    passed, text, cand = paired.versus("HEAD", pairs=2, confirm=1, jobs=1, plant="torch=1.3",
                                        log=lambda _: None)
     assert not passed and "| group | torch |" in text
     assert calls == [("base", None), ("candidate", "torch=1.3")] * 3  # 2 pairs + 1 confirming
     assert len(cand) == 3
+    # side by side: the same runs, each pair's order left to the two processes
+    calls.clear()
+    queue.update(base=runs(12, 2), candidate=runs(13, 2))
+    passed, text, cand = paired.versus("HEAD", pairs=2, confirm=0, log=lambda _: None)
+    assert passed and sorted(calls) == [("base", None)] * 2 + [("candidate", None)] * 2
+    with pytest.raises(ValueError, match="jobs"):
+        paired.versus("HEAD", jobs=3)
 
 
 def test_base_revision_and_checkout():
