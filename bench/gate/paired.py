@@ -160,6 +160,10 @@ def paired_baseline(base: list[pd.DataFrame], candidate: list[pd.DataFrame], *,
     both = pd.concat([d.assign(side=s) for s, d in sides.items()], ignore_index=True)
     runs = len(base) + len(candidate)
     complete = both.groupby(keys)["run"].transform("size") == runs
+    # measured by the base but by no candidate run: a backend that failed its correctness
+    # check or was skipped; named in the report (a wrong kernel is never fast or slow)
+    base_only = both[~complete].groupby(keys)["side"].agg(lambda s: set(s) == {"base"})
+    lost = [" ".join(str(v) for v in key) for key, only in base_only.items() if only]
     both = both[complete]
     dof = runs - 2
     case_sd = _pooled_sd(both, keys, dof).rename("spread").reset_index()
@@ -183,7 +187,7 @@ def paired_baseline(base: list[pd.DataFrame], candidate: list[pd.DataFrame], *,
     baseline = {"machine": "", "n_runs": len(base), "margin": k, "case_floor": case_floor,
                 "group_floor": group_floor, "spread": spread,
                 "entries": entries.to_dict(orient="records"),
-                "groups": groups.to_dict(orient="records")}
+                "groups": groups.to_dict(orient="records"), "lost": lost}
     return baseline, current
 
 
@@ -196,7 +200,9 @@ def judge(base_runs: list[dict], candidate_runs: list[dict], **rule) -> tuple[Co
     baseline, current = paired_baseline([ratios(r) for r in base_runs],
                                         [ratios(r) for r in candidate_runs], **rule)
     baseline["machine"] = machines.pop()
-    return compare_ratios(current, baseline), baseline
+    verdict = compare_ratios(current, baseline)
+    verdict.missing = baseline["lost"]
+    return verdict, baseline
 
 
 def paired_report(verdict: Comparison, baseline: dict, base: str) -> str:

@@ -76,6 +76,18 @@ def test_noisy_runs_widen_the_thresholds():
     assert max(e["threshold"] for e in noisy["entries"]) > 0.3
 
 
+def test_a_backend_the_candidate_lost_is_named_not_judged():
+    cand = runs(14, 2)
+    for run in cand:
+        for row in run["rows"]:
+            if row["backend"] == "cpp":
+                row["correct"] = False
+    verdict, baseline = paired.judge(runs(15, 2), cand)
+    assert "cpp" not in set(verdict.table["backend"])
+    assert len(verdict.missing) == 16 and all(m.startswith("cpp") for m in verdict.missing)
+    assert "16 baseline measurements absent" in paired.paired_report(verdict, baseline, "b")
+
+
 def test_one_run_per_side_has_no_spread():
     with pytest.raises(ValueError, match="pairs"):
         paired.judge(runs(7, 1), runs(8, 1))
