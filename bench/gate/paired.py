@@ -142,6 +142,8 @@ def _deviations(tables: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _pooled_sd(dev: pd.DataFrame, keys: list[str], dof: int) -> pd.Series:
+    """Per `keys`, sqrt(sum of squared `dev` / dof): each side's deviations are about its own
+    mean, so a real difference between the sides is not counted as noise."""
     return np.sqrt((dev["dev"] ** 2).groupby([dev[k] for k in keys]).sum() / dof)
 
 
