@@ -61,13 +61,16 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def gate(session: nox.Session) -> None:
-    """The regression gate: time the quick preset and compare its same-run ratios with the
-    committed baseline for this kind of machine (reports/baseline/), re-measuring a failure
-    up to twice, each run a fresh process. `nox -s gate -- accept` measures 10 fresh-process
-    runs and writes a new baseline on purpose; `-- check --plant torch=1.25` shows it failing
-    on a planted slowdown."""
+    """The regression gate: this checkout against a base commit (the merge base with main, or
+    HEAD~1 on main; `-- check --base REV`), both timed here on the quick preset's cases in
+    interleaved fresh processes, their same-run ratios compared with thresholds from the
+    runs' own spread (bench/gate/paired.py); then against the committed baseline for this
+    kind of machine (reports/baseline/) where one exists. So a new machine kind is never
+    compared with nothing. `nox -s gate -- accept` measures 10 fresh-process runs and writes
+    a new baseline on purpose; `-- check --plant torch=1.25` shows it failing on a planted
+    slowdown."""
     _install(session, "bench")
-    session.run("glai-bench", "gate", *(session.posargs or ["check"]))
+    session.run("glai-bench", "gate", *(session.posargs or ["check", "--baseline"]))
 
 
 @nox.session

@@ -45,6 +45,9 @@ The package, by job:
 - `store`: building, writing and reading the baseline files;
 - `reporting`: the Markdown report and a new baseline's spread summary;
 - `measuring`: a run here or in a fresh process, and `check`'s re-measure policy;
+- `paired`: this checkout against a base commit, both measured here, interleaved, with
+  thresholds from those runs' own spread (`versus`; what `check` runs first, so a machine
+  kind with no committed baseline is still compared);
 - `cli`: `python -m bench.gate check|accept|measure` (also `glai-bench gate ...`);
 - `planted`: a deliberately slowed backend (`--plant`), which proves the gate catches a
   slowdown (here, not in the harness: only the gate and its tests plant one);
@@ -53,6 +56,7 @@ The package, by job:
 """
 
 from bench.gate.measuring import CPU_THREADS, check, measure, measure_fresh, save_run
+from bench.gate.paired import versus
 from bench.gate.reporting import report, spread_summary
 from bench.gate.stats import (
     GROUP_KEY,
@@ -85,5 +89,5 @@ __all__ = [
     "Comparison", "accept", "baseline_path", "best_of", "best_value", "build_baseline", "check",
     "compare", "compare_ratios", "gated", "load_baseline", "machine_kind", "measure",
     "measure_fresh", "oracle_name", "ratios", "report", "run_tables", "save_run",
-    "spread_summary", "thresholds_from", "write_baseline",
+    "spread_summary", "thresholds_from", "versus", "write_baseline",
 ]

@@ -1,4 +1,9 @@
-"""`python -m bench.gate check|accept|measure` (also `glai-bench gate ...`)."""
+"""`python -m bench.gate check|accept|measure` (also `glai-bench gate ...`).
+
+`check` measures this checkout against a base commit on this machine (`bench.gate.paired`),
+with `--baseline` also against the committed baseline for this machine kind; `check
+--results FILE` compares a results.json with the committed baseline only. Exit codes: 0 pass,
+1 a regression, 2 bad usage or nothing measured or compared."""
 
 from __future__ import annotations
 
@@ -16,9 +21,11 @@ from bench.cli_types import (
     positive_float,
 )
 from bench.gate.measuring import check, measure, measure_fresh, save_run
+from bench.gate.paired import versus
 from bench.gate.planted import from_spec
-from bench.gate.reporting import spread_summary
-from bench.gate.store import BASELINE_DIR, accept, read_results
+from bench.gate.reporting import report, spread_summary
+from bench.gate.stats import best_of, compare_ratios
+from bench.gate.store import BASELINE_DIR, accept, load_baseline, machine_kind, read_results
 from bench.harness.sweeps import PRESETS
 from glai_kernels import registry
 
@@ -51,11 +58,25 @@ def parser(prog: str = "glai-bench gate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=bench.gate.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("check", help="measure the quick preset and compare with the baseline")
+    c = sub.add_parser("check", help="measure this checkout against a base commit, "
+                                     "interleaved, and compare their same-run ratios")
     c.add_argument("--results", type=existing_file,
-                   help="compare this results.json instead of measuring")
-    c.add_argument("--confirm", type=non_negative_int, default=2,
-                   help="re-measurements before a failure stands (default 2)")
+                   help="compare this results.json with the committed baseline instead of "
+                        "measuring")
+    c.add_argument("--base", metavar="REV",
+                   help="the commit to compare with (default: the merge base with main, or "
+                        "HEAD~1 on main)")
+    c.add_argument("--pairs", type=at_least(2), default=2,
+                   help="interleaved (base, candidate) runs, each a fresh process (default 2)")
+    c.add_argument("--jobs", type=int, choices=(1, 2), default=2,
+                   help="2: each pair's base and candidate side by side, one per core "
+                        "(default); 1: one after the other")
+    c.add_argument("--baseline", action="store_true",
+                   help="also compare the candidate's runs with the committed baseline for "
+                        "this machine kind, where one exists")
+    c.add_argument("--confirm", type=non_negative_int, default=None,
+                   help="re-measurements before a failure stands: one more pair each "
+                        "(default 1); with --results, unused")
     c.add_argument("--save", type=output_dir, metavar="DIR",
                    help="keep each measured run's results as DIR/gate-run-N.json")
     a = sub.add_parser("accept", help="write a new baseline for this machine kind, on purpose")
@@ -112,13 +133,18 @@ def _run(args: argparse.Namespace) -> int:
             result = measure(args.preset, device=args.device)
         save_run(args.out, result)
         return 0
-    if args.command == "check":
-        results = read_results(args.results) if args.results else None
-        passed, text = check(results, baseline_dir=args.baseline_dir, confirm=args.confirm,
-                             preset=args.preset, device=args.device, save_dir=args.save,
-                             fresh=True, plant=args.plant)
+    if args.command == "check" and args.results:
+        results = read_results(args.results)
+        machine = machine_kind(results["provenance"])
+        if load_baseline(machine, args.baseline_dir) is None:
+            print(f"regression gate: no baseline for machine kind {machine!r} in "
+                  f"{args.baseline_dir}; nothing compared", file=sys.stderr)
+            return 2
+        passed, text = check(results, baseline_dir=args.baseline_dir, confirm=0)
         print(text)
         return 0 if passed else 1
+    if args.command == "check":
+        return _check_paired(args)
     if args.results:
         runs = [read_results(f) for f in args.results]
     else:
@@ -132,3 +158,24 @@ def _run(args: argparse.Namespace) -> int:
     print(spread_summary(baseline))
     print(f"wrote {path}; commit it with a message saying why the baseline moved")
     return 0
+
+
+def _check_paired(args: argparse.Namespace) -> int:
+    """This checkout against a base commit (and, with --baseline, the committed baseline)."""
+    confirm = 1 if args.confirm is None else args.confirm
+    passed, text, runs = versus(args.base, pairs=args.pairs, confirm=confirm, jobs=args.jobs,
+                                preset=args.preset, device=args.device, plant=args.plant)
+    print(text)
+    if args.save:
+        for i, run in enumerate(runs, 1):
+            save_run(args.save / f"gate-run-{i}.json", run)
+    if args.baseline:
+        machine = machine_kind(runs[0]["provenance"])
+        baseline = load_baseline(machine, args.baseline_dir)
+        if baseline is None:
+            print(f"\nno committed baseline for machine kind {machine!r}: that check skipped")
+        else:
+            verdict = compare_ratios(best_of(runs), baseline)
+            print("\n" + report(verdict, baseline))
+            passed = passed and verdict.ok
+    return 0 if passed else 1

@@ -19,14 +19,21 @@ def _drop(threshold: float) -> str:
     return f"-{100 * -math.expm1(-threshold):.1f}%"
 
 
-def report(verdict: Comparison, baseline: dict, *, limit: int = 40) -> str:
-    """A Markdown table of what regressed (or a one-line all-clear), with the noise beside it."""
+ADVICE = ("If the slowdown is intended, accept a new baseline on purpose: "
+          "`nox -s gate -- accept` (see bench/NOTES.md, 'Regression gate').")
+
+
+def report(verdict: Comparison, baseline: dict, *, limit: int = 40, title: str | None = None,
+           advice: str = ADVICE) -> str:
+    """A Markdown table of what regressed (or a one-line all-clear), with the noise beside it;
+    `title` replaces the committed baseline's heading (the paired gate's), `advice` the
+    closing line of a failure."""
     n_case = int((verdict.table["level"] == "case").sum())
     head = (f"regression gate against reports/baseline/{slug(baseline['machine'])}.json "
             f"({baseline['n_runs']} baseline runs; thresholds {baseline['margin']}× the largest "
             f"spread seen, at least {100 * baseline['case_floor']:.0f}% per case and "
             f"{100 * baseline['group_floor']:.0f}% per backend)")
-    lines = [head]
+    lines = [title or head]
     if verdict.missing:
         lines.append(f"note: {len(verdict.missing)} baseline measurements absent from this run "
                      f"(unavailable backend or skipped case); first: {verdict.missing[0]}")
@@ -66,8 +73,7 @@ def report(verdict: Comparison, baseline: dict, *, limit: int = 40) -> str:
                      f"±{100 * math.expm1(r['noise']):.1f}% |")
     if len(failed) > limit:
         lines.append(f"... and {len(failed) - limit} more")
-    lines += ["", "If the slowdown is intended, accept a new baseline on purpose: "
-              "`nox -s gate -- accept` (see docs/notes/gate.md, 'Regression gate')."]
+    lines += ["", advice]
     return "\n".join(lines)
 
 
