@@ -20,7 +20,7 @@ def _drop(threshold: float) -> str:
 
 
 ADVICE = ("If the slowdown is intended, accept a new baseline on purpose: "
-          "`nox -s gate -- accept` (see bench/NOTES.md, 'Regression gate').")
+          "`nox -s gate -- accept` (see docs/notes/gate.md, 'Regression gate').")
 
 
 def report(verdict: Comparison, baseline: dict, *, limit: int = 40, title: str | None = None,
