@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from bench.reporting import dashboard, dashboard_data, history
-from bench.tests.test_history import KIND, MALFORMED, results, write_malformed
+from bench.tests.helpers import HISTORY_KIND as KIND
+from bench.tests.helpers import MALFORMED, write_malformed
+from bench.tests.helpers import history_results as results
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                 "google-chrome"))), None)

@@ -10,22 +10,8 @@ import pytest
 from bench.harness import dispatch_table, results
 from bench.harness.ceilings import Ceilings
 from bench.reporting import summary
+from bench.tests.helpers import run_meta, table_row
 from glai_kernels import dispatch, registry
-
-
-def _row(backend: str, batch: int, ms: float, pass_: str = "both", inputs: int = 384,
-         status: str = "ok", correct: bool = True) -> dict:
-    return {"sweep": "heads", "head": "A1", "backend": backend, "batch": batch,
-            "inputs": inputs, "paths": 256, "outputs": 37, "dtype": "float32", "pass": pass_,
-            "device": "cpu", "mu": None, "status": status, "correct": correct,
-            "median_s": ms / 1e3, "min_s": ms / 1e3, "iqr_s": 0.0}
-
-
-def _meta() -> dict:
-    return {"provenance": {"device": "cpu", "threads": 2, "commit": "abc", "date": "2026",
-                           "machine": "test", "device_name": "cpu"},
-            "command": "glai-bench run --preset tiny", "preset": {"name": "tiny"},
-            "backends": ["einsum", "torch", "cpp", "peer:einsum"]}
 
 
 @pytest.fixture
@@ -33,16 +19,16 @@ def built():
     rows = [
         # B = 16: torch wins by 20%; B = 256, two shapes of one cell (inputs 384 and 385):
         # cpp wins one by 2x, loses the other by 10%, so it wins the cell
-        _row("torch", 16, 1.0), _row("cpp", 16, 1.2), _row("einsum", 16, 0.5),
-        _row("peer:einsum", 16, 0.1),  # neither einsum nor a peer is an auto candidate
-        _row("torch", 256, 10.0), _row("cpp", 256, 5.0),
-        _row("torch", 256, 10.0, inputs=385), _row("cpp", 256, 11.0, inputs=385),
+        table_row("torch", 16, 1.0), table_row("cpp", 16, 1.2), table_row("einsum", 16, 0.5),
+        table_row("peer:einsum", 16, 0.1),  # neither einsum nor a peer is an auto candidate
+        table_row("torch", 256, 10.0), table_row("cpp", 256, 5.0),
+        table_row("torch", 256, 10.0, inputs=385), table_row("cpp", 256, 11.0, inputs=385),
         # a wrong measurement is no candidate's, however fast
-        _row("cpp", 16, 0.2, pass_="forward", status="wrong", correct=False),
-        _row("torch", 16, 0.3, pass_="forward"),
+        table_row("cpp", 16, 0.2, pass_="forward", status="wrong", correct=False),
+        table_row("torch", 16, 0.3, pass_="forward"),
     ]
     df = results.table(rows, Ceilings({"float32": 1e11}, 1e10), {})
-    return dispatch_table.build(df, _meta())
+    return dispatch_table.build(df, run_meta())
 
 
 def test_cells_and_winners(built):
@@ -85,15 +71,15 @@ def test_written_table_loads_and_the_summary_reports_it(built, tmp_path):
 def test_the_priority_rule_is_judged_among_the_backends_timed_at_each_case():
     # cpp timed at B = 16 only (a piece of a run that timed one backend at a few shapes):
     # at B = 256 the rule's pick is among what was timed there, not a miss for cpp
-    rows = [_row("torch", 16, 1.0), _row("cpp", 16, 2.0), _row("torch", 256, 10.0)]
+    rows = [table_row("torch", 16, 1.0), table_row("cpp", 16, 2.0), table_row("torch", 256, 10.0)]
     df = results.table(rows, Ceilings({"float32": 1e11}, 1e10), {})
-    _, ev = dispatch_table.build(df, _meta())
+    _, ev = dispatch_table.build(df, run_meta())
     top = max(("cpp", "torch"), key=lambda n: registry.get(n).auto_priority["cpu"])
     assert ev["priorities"] == {"within": {"cpp": 1, "torch": 2}[top], "cases": 2}
 
 
 def _kept_row(backend: str, pass_: str, mu: float, ms: float, batch: int = 16) -> dict:
-    return {**_row(backend, batch, ms, pass_=pass_), "sweep": "kept_fraction", "mu": mu}
+    return {**table_row(backend, batch, ms, pass_=pass_), "sweep": "kept_fraction", "mu": mu}
 
 
 @pytest.fixture
@@ -108,10 +94,10 @@ def sparse_built():
         _kept_row("sparse:torch", "forward", 0.05, 2.0),
         # the dense op and the MLP timed beside them in the sweep: no sparse candidate
         _kept_row("cpp", "step", 0.05, 0.1), _kept_row("mlp", "step", 0.05, 0.1),
-        _row("torch", 16, 1.0),  # a heads-sweep row of the dense op
+        table_row("torch", 16, 1.0),  # a heads-sweep row of the dense op
     ]
     df = results.table(rows, Ceilings({"float32": 1e11}, 1e10), {})
-    return dispatch_table.build(df, _meta(), op=dispatch_table.SPARSE)
+    return dispatch_table.build(df, run_meta(), op=dispatch_table.SPARSE)
 
 
 def test_the_sparse_table_comes_from_the_kept_sweep(sparse_built):
@@ -126,8 +112,8 @@ def test_the_sparse_table_comes_from_the_kept_sweep(sparse_built):
     assert ev["op"] == "sparse_estimator" and ev["table"]["cases"] == 3
     # the dense table of the same rows sees only the heads-sweep row
     dense, _ = dispatch_table.build(results.table(
-        [_kept_row("sparse:cpp", "step", 0.05, 3.0), _row("torch", 16, 1.0)],
-        Ceilings({"float32": 1e11}, 1e10), {}), _meta())
+        [_kept_row("sparse:cpp", "step", 0.05, 3.0), table_row("torch", 16, 1.0)],
+        Ceilings({"float32": 1e11}, 1e10), {}), run_meta())
     assert [e["winner"] for e in dense["entries"]] == ["torch"]
 
 

@@ -15,34 +15,8 @@ import torch
 from bench import gate
 from bench.gate import holdout, planted
 from bench.harness.sweeps import Preset, Sweep
+from bench.tests.helpers import BACKENDS, HEADS, fake_run
 from glai_kernels import estimator, registry
-
-HEADS = ("A1", "A2", "B1", "C1")
-BACKENDS = ("einsum", "torch", "cpp")
-
-
-def fake_run(rng: np.random.Generator, noise: float, slow: dict[str, float] | None = None,
-             machine: str = "cpu-2core") -> dict:
-    """A results.json with every (backend, head, pass) speedup at 2.0 (roofline 40%) times
-    log-normal noise of sd `noise`; `slow` divides a backend's ratios by its factor."""
-    slow = slow or {}
-    rows = []
-    for backend in BACKENDS:
-        for head in HEADS:
-            for pass_ in ("forward", "both"):
-                factor = slow.get(backend, 1.0)
-                jitter = float(np.exp(rng.normal(0.0, noise)))
-                speed = 1.0 if backend == "einsum" else 2.0 * jitter / factor
-                rows.append({"backend": backend, "head": head, "batch": 16, "inputs": 100,
-                             "paths": 10, "outputs": 4, "dtype": "float32", "pass": pass_,
-                             "device": "cpu", "status": "ok", "correct": True,
-                             "speedup_best": speed, "median_s": 2e-3, "min_s": 1e-3,
-                             # the fastest-sample share is 2x the median's: 40%
-                             "roofline_pct": 20.0 * jitter / factor})
-    device = "cuda" if machine.startswith("cuda") else "cpu"
-    return {"provenance": {"machine": machine, "device": device, "commit": "c0ffee",
-                           "cpu_id": "TestCPU family 1 model 1", "load_average": 0.1},
-            "preset": {"name": "quick"}, "rows": rows}
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from bench.gate import paired
 from bench.gate.store import ROOT
-from bench.tests.test_gate import fake_run
+from bench.tests.helpers import fake_run
 
 
 def runs(seed: int, n: int, noise: float = 0.03, **slow) -> list[dict]:

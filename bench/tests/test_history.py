@@ -17,30 +17,9 @@ import pytest
 
 from bench.reporting import history
 from bench.reporting.history import ROOT
-
-# the folder and machine of a record made by results() on its CPU
-KIND = "cpu-2core-TestCPU-family-1-model-1"
-
-
-def results(commit: str = "a" * 40, date: str = "2026-11-22T03:00:00+00:00",
-            machine: str = "cpu-2core", speedup: float = 2.0) -> dict:
-    """A small results.json as `python -m bench` writes it (two backends, one case)."""
-    case = {"head": "A2", "batch": 16, "inputs": 769, "paths": 64, "outputs": 4,
-            "dtype": "float32", "pass": "forward", "device": "cpu", "sweep": "heads",
-            "status": "ok", "correct": True}
-    return {
-        "command": "python -m bench --preset quick", "baseline": "einsum",
-        "provenance": {"commit": commit, "date": date, "machine": machine,
-                       "device": machine.split("-")[0], "cpu_id": "TestCPU family 1 model 1",
-                       "device_name": "AMD EPYC", "load_average": 0.5},
-        "preset": {"name": "quick"},
-        "ceilings": {"matmul_flops": {"float32": 2e11}},
-        "rows": [{**case, "backend": "einsum", "median_s": 2e-3, "speedup_vs_baseline": 1.0,
-                  "roofline_pct": 10.0, "winner": False, "extra_column": 1},
-                 {**case, "backend": "torch", "median_s": 2e-3 / speedup,
-                  "speedup_vs_baseline": speedup, "roofline_pct": 10.0 * speedup,
-                  "winner": True}],
-    }
+from bench.tests.helpers import HISTORY_KIND as KIND
+from bench.tests.helpers import MALFORMED, write_malformed
+from bench.tests.helpers import history_results as results
 
 
 def test_append_then_load_round_trips(tmp_path):
@@ -148,7 +127,7 @@ def test_a_writer_killed_midway_leaves_the_history_intact(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         from bench.reporting import history
-        from bench.tests.test_history import results
+        from bench.tests.helpers import history_results as results
         os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
         history.append(results(commit="c" * 40), history.Path({str(tmp_path)!r}))
     """)
@@ -218,60 +197,6 @@ def test_a_record_newer_than_the_code_is_skipped_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="newer than this code"):
         records = history.load(tmp_path)
     assert [r.commit for r in records] == ["a" * 40]
-
-
-def _record_text(**change) -> str:
-    raw = history.make_record(results(commit="b" * 40))
-    raw.update(change)
-    return json.dumps({k: v for k, v in raw.items() if v is not None})
-
-
-def _row_text(change) -> str:
-    raw = history.make_record(results(commit="b" * 40))
-    change(raw["rows"])
-    return json.dumps(raw)
-
-
-# file text -> the reason its warning gives
-MALFORMED = {
-    "truncated": (_record_text()[:150], "not readable JSON"),
-    "empty": ("", "empty file"),
-    "not-an-object": ("[1, 2, 3]", "list where a JSON object was expected"),
-    "null": ("null", "NoneType where a JSON object was expected"),
-    "only-its-kind": (json.dumps({"kind": history.KIND}),
-                      "missing or empty required field.*commit, date, machine, preset"),
-    "no-machine": (_record_text(machine=None), r"required field\(s\) machine"),
-    "empty-date": (_record_text(date=""), r"required field\(s\) date"),
-    "no-kind": (_record_text(kind=None), "no kind"),
-    "no-rows": (_record_text(rows=None), "rows is NoneType"),
-    "rows-not-objects": (_record_text(rows=[1, 2]), r"rows\[0\] is int"),
-    "row-without-backend": (_row_text(lambda rows: rows[1].pop("backend")),
-                            r"rows\[1\] lacks backend"),
-    "bad-schema": (_record_text(schema="two"), "schema 'two' is not a version number"),
-    "old-unknown-schema": (_record_text(schema=0), "schema 0 is unknown"),
-    "ceilings-not-object": (_record_text(ceilings=[1]), "ceilings is list"),
-    # fields of the wrong type, each of which once stopped the whole dashboard
-    "batch-a-list": (_row_text(lambda rows: rows[0].update(batch=[16])),
-                     r"rows\[0\]\.batch is \[16\], expected an integer"),
-    "backend-a-number": (_row_text(lambda rows: rows[1].update(backend=7)),
-                         r"rows\[1\]\.backend is 7, expected a string"),
-    "median-a-string": (_row_text(lambda rows: rows[0].update(median_s="fast")),
-                        r"rows\[0\]\.median_s is 'fast', expected a number"),
-    "winner-a-number": (_row_text(lambda rows: rows[0].update(winner=1)),
-                        r"rows\[0\]\.winner is 1, expected true or false"),
-    "machine-a-number": (_record_text(provenance={"machine": 5, "device": "cpu"}),
-                         r"provenance\.machine is 5, expected a string"),
-    "not-utf8": (b"\xff\xfe{".decode("latin-1"), "not readable JSON"),
-}
-
-
-def write_malformed(history_dir: Path, case: str) -> Path:
-    """One bad file (MALFORMED[case]) among the records of `history_dir`."""
-    path = history_dir / KIND / f"20261123T000000Z-{case}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = MALFORMED[case][0]
-    path.write_bytes(text.encode("latin-1") if case == "not-utf8" else text.encode())
-    return path
 
 
 @pytest.mark.parametrize("case", MALFORMED)

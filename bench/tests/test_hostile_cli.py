@@ -25,14 +25,11 @@ import pytest
 from bench import __main__ as bench_main
 from bench.harness.ceilings import Ceilings
 from bench.reporting import history, render, summary
-from bench.tests.test_gate import fake_run
-from bench.tests.test_history import KIND as HISTORY_KIND
-from bench.tests.test_history import results as history_results
-from bench.tests.test_merge import _row
-from bench.tests.test_merge import _run as write_run
+from bench.tests.helpers import HISTORY_KIND, fake_run, history_results, write_run
+from bench.tests.helpers import table_row as _row
 
 ROOT = Path(__file__).resolve().parents[2]
-# the gate's machine kind of test_gate.fake_run's results
+# the gate's machine kind of helpers.fake_run's results
 GATE_KIND = "cpu-2core-TestCPU-family-1-model-1"
 
 

@@ -93,3 +93,18 @@ def test_a_cycle_is_found_even_through_a_lazy_import(tmp_path):
     assert find_cycle(graph) == ["pkg.sub.a", "pkg.sub.b", "pkg.sub.c", "pkg.sub.a"]
     (root / "sub" / "b.py").write_text("import os\n")
     assert find_cycle(import_graph(root)) is None
+
+
+def test_no_test_file_imports_another():
+    """Shared test data and helpers live in helper modules (bench/tests/helpers.py,
+    correctness/sparse_checker.py, ...) or conftest.py, never in another test file, so each test
+    file can change without breaking its neighbours."""
+    root = BENCH.parent
+    offenders = []
+    for path in sorted([*root.glob("bench/tests/test_*.py"), *root.glob("correctness/test_*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(root)} imports {n}" for n in names
+                          if n.rpartition(".")[2].startswith("test_")]
+    assert not offenders, offenders

@@ -8,27 +8,11 @@ import math
 
 import pytest
 
-from bench.harness import results
 from bench.harness.ceilings import Ceilings
 from bench.reporting import merge
-from bench.tests.test_dispatch_table import _meta, _row
-
-KIND = "cuda-Test-GPU-sm90"
-
-
-def _run(tmp_path, name, rows, ceilings, kind=KIND, machine="test"):
-    out = tmp_path / name
-    meta = _meta()
-    meta["provenance"].update(machine=machine, torch_version="2.13.0")  # what a run records
-    meta["ceilings"] = ceilings.as_dict()
-    meta["dispatch"] = {"machine_kind": kind}
-    meta["command"] = f"glai-bench run --out {name}"
-    meta["preset"] = {"name": "tiny", "description": "two shapes", "min_time_s": 0.01,
-                      "rounds": 1, "max_call_s": 0.1, "dtypes": ["float32"], "passes": ["both"]}
-    meta.update(baseline="einsum", peers=["torch"], unavailable={}, memory_method="test",
-                energy="absent: test", elapsed_s=1.0)
-    results.write(results.table(rows, ceilings, {}), out, meta)
-    return out
+from bench.tests.helpers import MERGE_KIND as KIND
+from bench.tests.helpers import table_row as _row
+from bench.tests.helpers import write_run as _run
 
 
 @pytest.fixture
