@@ -27,7 +27,7 @@
 #
 # The CPU dry run (CI runs it: .ci/run), every step but the tests end to end in under 2
 # minutes (each step is cut at its share of TOTAL_S, so it cannot run longer):
-#     OUT=/tmp/on_gpu_dry TOTAL_S=115 BUILD_S=60 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
+#     OUT=/tmp/on_gpu_dry TOTAL_S=200 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
 #       PIPE_S=60 PIPE_UNIT_S=30 bash bench/tools/on_gpu.sh
 #
