@@ -334,9 +334,6 @@ def triton_backward(
 # ----------------------------------------------------------------------------------------
 # Registration
 
-
-
-
 SPARSE_ESTIMATOR.register(Backend(
     name="triton",
     forward=triton_forward,
