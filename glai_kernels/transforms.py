@@ -33,6 +33,21 @@ import torch
 from glai_kernels import calls
 from glai_kernels.registry import Backend
 
+try:  # functorch's internals, for the innermost vmap taken directly (`_innermost_vmap`)
+    from torch._C._functorch import (
+        CVmapInterpreterPtr,
+        TransformType,
+        _add_batch_dim,
+        _unwrap_batched,
+        peek_interpreter_stack,
+        pop_dynamic_layer_stack,
+        push_dynamic_layer_stack,
+        unwrap_if_dead,
+    )
+    from torch._functorch.autograd_function import custom_function_call
+except ImportError:  # another torch's layout: every call takes autograd.Function.apply
+    peek_interpreter_stack = None
+
 Y, X, ACT, W = range(4)  # the slots
 
 
@@ -70,7 +85,30 @@ class Contraction:
 
 def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
     """G_k (module docstring) recorded for every active transform; slots[k] may be None for
-    k = 0 (the forward needs no y)."""
+    k = 0 (the forward needs no y).
+
+    Where no transform is left to see it (inside a vmap rule at the last level, a backward
+    outside every transform) the call is the eager one: with nothing to record, the
+    backend's call itself; a dense forward that only autograd records, the backend's own
+    eager node where it has one (cpp's C++ node, as an eager call of the op takes). Either
+    way the same bits, without _Slot's Python (docs/notes/cpu-kernels.md, "vmap over stacked
+    heads (issue 43, stop 45)")."""
+    tensors = (*slots, *rest)
+    if calls.eager_route(tensors):
+        # slot k only gives the result's shape: the result depends on the other tensors alone
+        if not calls.records_gradient((*slots[:k], *slots[k + 1:], *rest)):
+            return c.compute(k, slots, rest)
+        if k == Y and c.impl.eager is not None and c.impl.op == "estimator":
+            _, x, act, w = slots
+            if not calls.is_empty(c.check(x, act, w, c.pack(rest))):
+                return c.impl.eager(x, act, w, None, act.requires_grad)
+    vmap = _innermost_vmap()
+    if vmap is not None:
+        return _vmapped(*vmap, c, k, list(slots), rest, None)
+    if peek_interpreter_stack is not None and torch._C._are_functorch_transforms_active():
+        # what Function.apply ends in, without its inspect.signature binding (_Slot.forward
+        # has no defaults: the binding changes nothing)
+        return custom_function_call(_Slot, c, k, *slots, *rest)
     return _Slot.apply(c, k, *slots, *rest)
 
 
@@ -78,6 +116,9 @@ def forward(c: Contraction, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor,
             bias: torch.Tensor | None) -> torch.Tensor:
     """The op's y [B, O] under a transform: G_0 plus the bias (an aten add, which every
     transform knows)."""
+    vmap = _innermost_vmap()
+    if vmap is not None:
+        return _vmapped(*vmap, c, Y, [None, x, act, w], rest, bias)
     y = apply(c, Y, (None, x, act, w), rest)
     return y if bias is None else y + bias
 
@@ -130,6 +171,68 @@ def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
     out = list(slots)
     out[j] = t
     return out
+
+
+# ---- the innermost vmap, taken directly --------------------------------------------------
+# Under vmap, _Slot.apply goes through functorch's custom_function_call: a dispatch in Python,
+# then its vmap rule unwraps the operands at the vmap's level (pytree), pops the level, runs
+# _Slot.vmap and wraps the results. When the innermost transform is a vmap the op does those
+# steps itself, with `batched` as the rule: the same tensors and the same autograd records,
+# without ~40% of the Python a vmapped call of a stacked head spent (docs/notes/cpu-kernels.md,
+# "vmap over stacked heads (issue 43, stop 45)"). The bias is added on the unwrapped tensors,
+# as functorch's batching rule of add does.
+
+
+def _innermost_vmap() -> tuple[int, int] | None:
+    """(level, batch size) of the innermost active transform when it is a vmap that nothing
+    else (torch.compile, a dispatch or function mode) may need to see, else None."""
+    if peek_interpreter_stack is None:
+        return None
+    top = peek_interpreter_stack()
+    if (top is None or top.key() != TransformType.Vmap or torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return None
+    return top.level(), CVmapInterpreterPtr(top).batchSize()
+
+
+class _Lowered:
+    """The vmap's level popped inside (functorch's interpreter.lower())."""
+
+    def __enter__(self):
+        self.saved = pop_dynamic_layer_stack()
+
+    def __exit__(self, *exc):
+        push_dynamic_layer_stack(self.saved)
+
+
+def _unwrapped(t: torch.Tensor | None, level: int) -> tuple[torch.Tensor | None, int | None]:
+    """(t's tensor at the level below, its batch dim at `level` or None). A wrapper of a
+    transform that has exited (a vjp's pull runs after its level) is unwrapped first, as
+    functorch's dispatch does before any rule."""
+    return (None, None) if t is None else _unwrap_batched(unwrap_if_dead(t), level)
+
+
+def _vmapped(level: int, n: int, c: Contraction, k: int, slots: list, rest: tuple,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    """G_k (plus `bias` for the forward) under the innermost vmap at `level` of `n`: unwrapped,
+    `batched` one level down, wrapped at `level`."""
+    parts = [_unwrapped(t, level) for t in (*slots, *rest, bias)]
+    tensors, dims = [p[0] for p in parts], [p[1] for p in parts]
+    b, bias_dim = tensors.pop(), dims.pop()
+    with _Lowered():
+        if all(d is None for d in dims):  # nothing batched at this level: one plain call
+            out, out_dim = apply(c, k, tensors[:4], tuple(tensors[4:])), None
+        else:
+            out, out_dim = batched(n, dims, c, k, tensors)
+        if b is not None:
+            if out_dim is None and bias_dim is None:
+                out = out + b
+            else:  # [N, B, O] + [N, 1, O] or [O]
+                y = out if out_dim is None else out.movedim(out_dim, 0)
+                out = y + (b if bias_dim is None else b.movedim(bias_dim, 0).unsqueeze(1))
+                out_dim = 0
+    return out if out_dim is None else _add_batch_dim(out, out_dim, level)
 
 
 # ---- vmap ----------------------------------------------------------------------------------
