@@ -223,6 +223,24 @@ def test_vmap_calls_the_backend_once_where_it_folds(spy_calls):
     assert calls_of(lambda: per_row_dw(xs, w)) == ["spy_high.forward"] + ["spy_high.backward"] * N
 
 
+def test_grad_levels(case):
+    """grad under no_grad, grad of grad, and vmap of grad of grad (each grad level the op
+    takes itself, transforms._through_grad): the oracle's results."""
+    f, oracle, (x, act, w, bias) = _problem(*case, SMALL)
+
+    def g(fn):
+        return grad(lambda w: fn(x, act, w, bias).square().sum())
+
+    def gg(fn):
+        return grad(lambda w: g(fn)(w).square().sum())
+
+    with torch.no_grad():
+        _close(g(f)(w), g(oracle)(w))
+    _close(gg(f)(w), gg(oracle)(w))
+    ws = torch.randn(N, *w.shape, dtype=F64, device=w.device)
+    _close(vmap(gg(f))(ws), vmap(gg(oracle))(ws))
+
+
 def test_grad_matches_backward_bit_for_bit(backend_device):
     """torch.func.grad and the ordinary backward compute the same gradient of x and of w (on
     the eager route dact may come from the forward's kept partial sums instead)."""

@@ -35,16 +35,22 @@ from glai_kernels.registry import Backend
 
 try:  # functorch's internals, for the innermost vmap taken directly (`_innermost_vmap`)
     from torch._C._functorch import (
+        CGradInterpreterPtr,
         CVmapInterpreterPtr,
         TransformType,
         _add_batch_dim,
         _unwrap_batched,
+        _unwrap_for_grad,
+        _wrap_for_grad,
         peek_interpreter_stack,
         pop_dynamic_layer_stack,
         push_dynamic_layer_stack,
         unwrap_if_dead,
     )
     from torch._functorch.autograd_function import custom_function_call
+    from torch._functorch.utils import enable_single_level_autograd_function
+    from torch.autograd.forward_ad import _set_fwd_grad_enabled
+    from torch.autograd.function import _SingleLevelFunction
 except ImportError:  # another torch's layout: every call takes autograd.Function.apply
     peek_interpreter_stack = None
 
@@ -102,9 +108,12 @@ def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
             _, x, act, w = slots
             if not calls.is_empty(c.check(x, act, w, c.pack(rest))):
                 return c.impl.eager(x, act, w, None, act.requires_grad)
-    vmap = _innermost_vmap()
-    if vmap is not None:
-        return _vmapped(*vmap, c, k, list(slots), rest, None)
+    top = _innermost()
+    if top is not None:
+        if top.key() == TransformType.Vmap:
+            return _vmapped(top, c, k, list(slots), rest, None)
+        if top.key() == TransformType.Grad:
+            return _through_grad(top, c, k, slots, rest)
     if peek_interpreter_stack is not None and torch._C._are_functorch_transforms_active():
         # what Function.apply ends in, without its inspect.signature binding (_Slot.forward
         # has no defaults: the binding changes nothing)
@@ -116,9 +125,9 @@ def forward(c: Contraction, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor,
             bias: torch.Tensor | None) -> torch.Tensor:
     """The op's y [B, O] under a transform: G_0 plus the bias (an aten add, which every
     transform knows)."""
-    vmap = _innermost_vmap()
-    if vmap is not None:
-        return _vmapped(*vmap, c, Y, [None, x, act, w], rest, bias)
+    top = _innermost()
+    if top is not None and top.key() == TransformType.Vmap:
+        return _vmapped(top, c, Y, [None, x, act, w], rest, bias)
     y = apply(c, Y, (None, x, act, w), rest)
     return y if bias is None else y + bias
 
@@ -173,37 +182,50 @@ def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
     return out
 
 
-# ---- the innermost vmap, taken directly --------------------------------------------------
-# Under vmap, _Slot.apply goes through functorch's custom_function_call: a dispatch in Python,
-# then its vmap rule unwraps the operands at the vmap's level (pytree), pops the level, runs
-# _Slot.vmap and wraps the results. When the innermost transform is a vmap the op does those
-# steps itself, with `batched` as the rule: the same tensors and the same autograd records,
-# without ~40% of the Python a vmapped call of a stacked head spent (docs/notes/cpu-kernels.md,
-# "vmap over stacked heads (issue 43, stop 45)"). The bias is added on the unwrapped tensors,
-# as functorch's batching rule of add does.
+# ---- the innermost vmap or grad, taken directly ---------------------------------------------
+# Under a transform, _Slot.apply goes through functorch's custom_function_call: a dispatch in
+# Python, then a rule per transform. Under vmap the rule unwraps the operands at the vmap's
+# level (pytree), pops the level, runs _Slot.vmap and wraps the results; under grad it builds
+# a new single-level autograd.Function class for the call, lifts the operands to its level and
+# applies that class, whose forward unwraps them, pops the level and calls custom_function_call
+# again one level down. When the innermost transform is a vmap or a grad the op takes those
+# steps itself: `batched` as the vmap rule, one single-level Function class per grad level
+# (made once) whose forward calls `apply` one level down, so the level below is taken
+# directly too. The same tensors, the same autograd records, without about half of the Python
+# of a vmapped call of a stacked head (docs/notes/cpu-kernels.md, "vmap over stacked heads
+# (issue 43, stop 45)"). The bias is added on the unwrapped tensors, as functorch's batching
+# rule of add does.
 
 
-def _innermost_vmap() -> tuple[int, int] | None:
-    """(level, batch size) of the innermost active transform when it is a vmap that nothing
-    else (torch.compile, a dispatch or function mode) may need to see, else None."""
+def _innermost():
+    """The innermost active transform's interpreter (functorch's CInterpreter), or None where
+    there is none or something else (torch.compile, a dispatch or function mode) may need to
+    see the call."""
     if peek_interpreter_stack is None:
         return None
     top = peek_interpreter_stack()
-    if (top is None or top.key() != TransformType.Vmap or torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
+    if (top is None or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled()):
         return None
-    return top.level(), CVmapInterpreterPtr(top).batchSize()
+    return top
 
 
 class _Lowered:
-    """The vmap's level popped inside (functorch's interpreter.lower())."""
+    """The innermost level popped inside (functorch's interpreter.lower()); a grad level
+    entered from no_grad also restores no_grad inside, as its interpreter does."""
+
+    def __init__(self, no_grad: bool = False):
+        self.no_grad = torch.no_grad() if no_grad else None
 
     def __enter__(self):
+        if self.no_grad is not None:
+            self.no_grad.__enter__()
         self.saved = pop_dynamic_layer_stack()
 
     def __exit__(self, *exc):
         push_dynamic_layer_stack(self.saved)
+        if self.no_grad is not None:
+            self.no_grad.__exit__(*exc)
 
 
 def _unwrapped(t: torch.Tensor | None, level: int) -> tuple[torch.Tensor | None, int | None]:
@@ -213,10 +235,11 @@ def _unwrapped(t: torch.Tensor | None, level: int) -> tuple[torch.Tensor | None,
     return (None, None) if t is None else _unwrap_batched(unwrap_if_dead(t), level)
 
 
-def _vmapped(level: int, n: int, c: Contraction, k: int, slots: list, rest: tuple,
+def _vmapped(top, c: Contraction, k: int, slots: list, rest: tuple,
              bias: torch.Tensor | None) -> torch.Tensor:
-    """G_k (plus `bias` for the forward) under the innermost vmap at `level` of `n`: unwrapped,
-    `batched` one level down, wrapped at `level`."""
+    """G_k (plus `bias` for the forward) under the innermost vmap `top`: unwrapped, `batched`
+    one level down, wrapped at its level."""
+    level, n = top.level(), CVmapInterpreterPtr(top).batchSize()
     parts = [_unwrapped(t, level) for t in (*slots, *rest, bias)]
     tensors, dims = [p[0] for p in parts], [p[1] for p in parts]
     b, bias_dim = tensors.pop(), dims.pop()
@@ -233,6 +256,43 @@ def _vmapped(level: int, n: int, c: Contraction, k: int, slots: list, rest: tupl
                 out = y + (b if bias_dim is None else b.movedim(bias_dim, 0).unsqueeze(1))
                 out_dim = 0
     return out if out_dim is None else _add_batch_dim(out, out_dim, level)
+
+
+_GRAD_FUNCTIONS: dict[int, type] = {}
+
+
+def _grad_function(level: int) -> type:
+    """The single-level autograd.Function of grad level `level`: apply(c, k, *tensors) with
+    the tensors lifted to the level; its forward is `apply` one level down, its
+    setup_context, backward and jvp _Slot's (functorch's generated class, made once)."""
+    if level in _GRAD_FUNCTIONS:
+        return _GRAD_FUNCTIONS[level]
+
+    def forward(c, k, *tensors):
+        top = peek_interpreter_stack()  # this level's interpreter
+        inner = [None if t is None else _unwrap_for_grad(t, level) for t in tensors]
+        lowered = _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode())
+        with torch.enable_grad(), _set_fwd_grad_enabled(True), lowered:
+            out = apply(c, k, inner[:4], tuple(inner[4:]))
+        return _wrap_for_grad(out, level)
+
+    function = type(f"_SlotGrad{level}", (_SingleLevelFunction,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(_Slot.setup_context),
+        "backward": staticmethod(_Slot.backward),
+        "jvp": staticmethod(_Slot.jvp),
+    })
+    _GRAD_FUNCTIONS[level] = function
+    return function
+
+
+def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
+    """G_k under the innermost grad `top`: the operands lifted to its level, then its
+    single-level Function (custom_function_call's grad rule, without a new class a call)."""
+    lift = CGradInterpreterPtr(top).lift
+    lifted = [None if t is None else lift(unwrap_if_dead(t)) for t in (*slots, *rest)]
+    with enable_single_level_autograd_function():
+        return _grad_function(top.level()).apply(c, k, *lifted)
 
 
 # ---- vmap ----------------------------------------------------------------------------------
