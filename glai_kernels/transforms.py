@@ -21,6 +21,9 @@ all of them calls of the op itself, on the same backend, differentiable again.
 The eager fast paths (the backend's C++ node, calls.EagerFunction) stay old-style: the
 eager route's test never takes them under a transform, and a setup_context Function binds its
 arguments with inspect.signature on every call, which the paper's B = 16 would pay each step.
+Below every transform (inside the innermost vmap's rule, once its level is popped) a call is an
+eager one again and `apply` takes it eagerly; the innermost vmap or grad level itself the op
+takes directly, without functorch's generic rule (section "the innermost vmap or grad").
 """
 
 from __future__ import annotations
