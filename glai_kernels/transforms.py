@@ -36,7 +36,7 @@ import torch
 from glai_kernels import calls
 from glai_kernels.registry import Backend
 
-try:  # functorch's internals, for the innermost vmap taken directly (`_innermost_vmap`)
+try:  # functorch's internals, for the innermost vmap or grad taken directly (`_innermost`)
     from torch._C._functorch import (
         CGradInterpreterPtr,
         CVmapInterpreterPtr,
