@@ -76,6 +76,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                 "the pure-PyTorch candidates for the sparse torch backend"),
     "sparse-train-step": ("bench.studies.sparse_train_step",
                           "a GLAI training step on sparse cpp against the MLP's, per head"),
+    "vmap-heads": ("bench.studies.vmap_heads",
+                   "torch.func.vmap over stacked heads against a loop of them (issue 43)"),
     "check-cuda": ("bench.tools.check_cuda",
                    "nvcc/ptxas check of the CUDA sources (no GPU needed)"),
     "check-headers": ("bench.tools.check_headers",

@@ -223,6 +223,24 @@ def test_vmap_calls_the_backend_once_where_it_folds(spy_calls):
     assert calls_of(lambda: per_row_dw(xs, w)) == ["spy_high.forward"] + ["spy_high.backward"] * N
 
 
+def test_grad_levels(case):
+    """grad under no_grad, grad of grad, and vmap of grad of grad (each grad level the op
+    takes itself, transforms._through_grad): the oracle's results."""
+    f, oracle, (x, act, w, bias) = _problem(*case, SMALL)
+
+    def g(fn):
+        return grad(lambda w: fn(x, act, w, bias).square().sum())
+
+    def gg(fn):
+        return grad(lambda w: g(fn)(w).square().sum())
+
+    with torch.no_grad():
+        _close(g(f)(w), g(oracle)(w))
+    _close(gg(f)(w), gg(oracle)(w))
+    ws = torch.randn(N, *w.shape, dtype=F64, device=w.device)
+    _close(vmap(gg(f))(ws), vmap(gg(oracle))(ws))
+
+
 def test_grad_matches_backward_bit_for_bit(backend_device):
     """torch.func.grad and the ordinary backward compute the same gradient of x and of w (on
     the eager route dact may come from the forward's kept partial sums instead)."""
@@ -318,3 +336,132 @@ def test_sparse_gradient_penalty_reaches_act(sparse_backend):
         return torch.autograd.grad(dx.square().sum(), leaves[1])[0]
 
     _close(penalty_grad(f), penalty_grad(oracle))
+
+
+# ---- vmap over stacked heads: one backend call, no copy of the stacked weight (issue 43) ----
+
+def _recording_backend(name: str, calls: list) -> registry.Backend:
+    """A CPU backend computing the op by einsum that records each call as (what, the weight's
+    data_ptr, its shape): "forward", "backward" with `needs`, and "eager" (its own autograd
+    node, as `cpp` has) and "eager.backward"; each gradient it returns is recorded as
+    ("dweight", data_ptr)."""
+
+    def grads(dy, x, act, weight, needs):
+        dw = torch.einsum("bo,bi,bs->ois", dy, x, act) if needs[2] else None
+        if dw is not None:
+            calls.append(("dweight", dw.data_ptr()))
+        return (torch.einsum("bo,ois,bs->bi", dy, weight, act) if needs[0] else None,
+                torch.einsum("bo,bi,ois->bs", dy, x, weight) if needs[1] else None, dw)
+
+    def forward(x, act, weight):
+        calls.append(("forward", weight.data_ptr(), tuple(weight.shape)))
+        return torch.einsum("bi,bs,ois->bo", x, act, weight)
+
+    def backward(dy, x, act, weight, needs, saved=None):
+        calls.append(("backward", weight.data_ptr(), tuple(weight.shape), tuple(needs)))
+        return grads(dy, x, act, weight, needs)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, act, weight, bias):
+            calls.append(("eager", weight.data_ptr(), tuple(weight.shape)))
+            ctx.save_for_backward(x, act, weight)
+            y = torch.einsum("bi,bs,ois->bo", x, act, weight)
+            return y if bias is None else y + bias
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, act, weight = ctx.saved_tensors
+            calls.append(("eager.backward", weight.data_ptr(), tuple(weight.shape)))
+            return (*grads(dy, x, act, weight, ctx.needs_input_grad[:3]),
+                    dy.sum(0) if ctx.needs_input_grad[3] else None)
+
+    return registry.Backend(name=name, forward=forward, backward=backward, devices=("cpu",),
+                            description="records its calls",
+                            eager=lambda x, act, w, bias, save: Eager.apply(x, act, w, bias))
+
+
+@pytest.fixture
+def recorded():
+    """("recording", its calls): _recording_backend registered for one test."""
+    calls: list = []
+    registry.register(_recording_backend("recording", calls))
+    yield "recording", calls
+    registry.unregister("recording")
+
+
+def _stacked_heads(name: str, shape=SHAPE, dtype=F64):
+    """(heads, (params, buffers), call, x, act): N GLAIEstimator heads at `shape` (B, I, P,
+    O) on the CPU, their stacked state and `call(params, buffers, x, act)`, one head's y under
+    vmap."""
+    torch.manual_seed(3)
+    _, inputs, paths, outputs = shape
+    heads = [GLAIEstimator(inputs, paths, outputs, backend=name, dtype=dtype)
+             for _ in range(N)]
+    params, buffers = stack_module_state(heads)
+    base = copy.deepcopy(heads[0]).to("meta")
+    x, act = (t.to(dtype) for t in _inputs("cpu", shape)[:2])
+
+    def call(params, buffers, x, act):
+        return functional_call(base, (params, buffers), (x, act))
+
+    return heads, (params, buffers), call, x, act
+
+
+def test_stacked_heads_make_one_call_on_the_stacked_weight(recorded):
+    """vmap over stacked heads (stack_module_state, functional_call): the forward, the plain
+    backward through it and torch.func.grad under vmap each make ONE backend call, on the
+    stacked weight's own memory (no copy), and the weight's gradient is the backend's
+    result itself (no copy either)."""
+    name, calls = recorded
+    _, (params, buffers), call, x, act = _stacked_heads(name)
+    weight = params["weight"]
+    folded = (N * SHAPE[3], *SHAPE[1:3])
+    ptr = weight.data_ptr()
+    heads = vmap(call, in_dims=(0, 0, None, None))
+
+    with torch.no_grad():
+        heads(params, buffers, x, act)
+    assert calls == [("forward", ptr, folded)]
+
+    calls.clear()
+    ys = heads(params, buffers, x, act)
+    assert calls == [("eager", ptr, folded)]
+    (dw,) = torch.autograd.grad(ys.square().sum(), [weight])
+    assert calls[1:] == [("eager.backward", ptr, folded), ("dweight", dw.data_ptr())]
+
+    calls.clear()
+
+    def loss(params, buffers, x, act):
+        return call(params, buffers, x, act).square().sum()
+
+    dw = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)["weight"]
+    # the stacked state needs gradients of its own (as stack_module_state makes it), so the
+    # forward below every transform is the eager node; torch.func.grad's backward is one call
+    assert calls == [("eager", ptr, folded), ("backward", ptr, folded, (False, False, True)),
+                     ("dweight", dw.data_ptr())]
+
+
+@pytest.mark.parametrize("shape, dtype", [(SHAPE, F64), ((16, 37, 29, 5), torch.float32)],
+                         ids=["float64", "float32-B16"])
+def test_stacked_heads_match_the_loop_bit_for_bit(built, shape, dtype):
+    """On `cpp`, whose sums do not depend on how many outputs a call has, the vmapped heads'
+    y and weight gradient (plain autograd through the vmapped forward, and torch.func.grad
+    under vmap) are N separate calls' bit for bit. (`einsum`'s GEMMs sum in another order on
+    the folded weight.)"""
+    heads, (params, buffers), call, x, act = _stacked_heads("cpp", shape, dtype)
+    stacked = vmap(call, in_dims=(0, 0, None, None))
+    loop = [h(x, act) for h in heads]
+    loop_dw = torch.stack([torch.autograd.grad(y.square().sum(), h.weight)[0]
+                           for h, y in zip(heads, loop, strict=True)])
+    loop_y = torch.stack(loop).detach()
+    ys = stacked(params, buffers, x, act)
+    (dw,) = torch.autograd.grad(ys.square().sum(), params["weight"])
+
+    def loss(params, buffers, x, act):
+        return call(params, buffers, x, act).square().sum()
+
+    grad_dw = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)["weight"]
+    assert torch.equal(ys, loop_y)
+    assert torch.equal(dw, loop_dw)
+    assert torch.equal(grad_dw, loop_dw)

@@ -21,6 +21,9 @@ all of them calls of the op itself, on the same backend, differentiable again.
 The eager fast paths (the backend's C++ node, calls.EagerFunction) stay old-style: the
 eager route's test never takes them under a transform, and a setup_context Function binds its
 arguments with inspect.signature on every call, which the paper's B = 16 would pay each step.
+Below every transform (inside the innermost vmap's rule, once its level is popped) a call is an
+eager one again and `apply` takes it eagerly; the innermost vmap or grad level itself the op
+takes directly, without functorch's generic rule (section "the innermost vmap or grad").
 """
 
 from __future__ import annotations
@@ -32,6 +35,27 @@ import torch
 
 from glai_kernels import calls
 from glai_kernels.registry import Backend
+
+try:  # functorch's internals, for the innermost vmap or grad taken directly (`_innermost`)
+    from torch._C._functorch import (
+        CGradInterpreterPtr,
+        CVmapInterpreterPtr,
+        TransformType,
+        _add_batch_dim,
+        _unwrap_batched,
+        _unwrap_for_grad,
+        _wrap_for_grad,
+        peek_interpreter_stack,
+        pop_dynamic_layer_stack,
+        push_dynamic_layer_stack,
+        unwrap_if_dead,
+    )
+    from torch._functorch.autograd_function import custom_function_call
+    from torch._functorch.utils import enable_single_level_autograd_function
+    from torch.autograd.forward_ad import _set_fwd_grad_enabled
+    from torch.autograd.function import _SingleLevelFunction
+except ImportError:  # another torch's layout: every call takes autograd.Function.apply
+    peek_interpreter_stack = None
 
 Y, X, ACT, W = range(4)  # the slots
 
@@ -70,7 +94,33 @@ class Contraction:
 
 def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
     """G_k (module docstring) recorded for every active transform; slots[k] may be None for
-    k = 0 (the forward needs no y)."""
+    k = 0 (the forward needs no y).
+
+    Where no transform is left to see it (inside a vmap rule at the last level, a backward
+    outside every transform) the call is the eager one: with nothing to record, the
+    backend's call itself; a dense forward that only autograd records, the backend's own
+    eager node where it has one (cpp's C++ node, as an eager call of the op takes). Either
+    way the same bits, without _Slot's Python (docs/notes/cpu-kernels.md, "vmap over stacked
+    heads (issue 43, stop 45)")."""
+    tensors = (*slots, *rest)
+    if calls.eager_route(tensors):
+        # slot k only gives the result's shape: the result depends on the other tensors alone
+        if not calls.records_gradient((*slots[:k], *slots[k + 1:], *rest)):
+            return c.compute(k, slots, rest)
+        if k == Y and c.impl.eager is not None and c.impl.op == "estimator":
+            _, x, act, w = slots
+            if not calls.is_empty(c.check(x, act, w, c.pack(rest))):
+                return c.impl.eager(x, act, w, None, act.requires_grad)
+    top = _innermost()
+    if top is not None:
+        if top.key() == TransformType.Vmap:
+            return _vmapped(top, c, k, list(slots), rest, None)
+        if top.key() == TransformType.Grad:
+            return _through_grad(top, c, k, slots, rest)
+    if peek_interpreter_stack is not None and torch._C._are_functorch_transforms_active():
+        # what Function.apply ends in, without its inspect.signature binding (_Slot.forward
+        # has no defaults: the binding changes nothing)
+        return custom_function_call(_Slot, c, k, *slots, *rest)
     return _Slot.apply(c, k, *slots, *rest)
 
 
@@ -78,6 +128,9 @@ def forward(c: Contraction, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor,
             bias: torch.Tensor | None) -> torch.Tensor:
     """The op's y [B, O] under a transform: G_0 plus the bias (an aten add, which every
     transform knows)."""
+    top = _innermost()
+    if top is not None and top.key() == TransformType.Vmap:
+        return _vmapped(top, c, Y, [None, x, act, w], rest, bias)
     y = apply(c, Y, (None, x, act, w), rest)
     return y if bias is None else y + bias
 
@@ -130,6 +183,119 @@ def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
     out = list(slots)
     out[j] = t
     return out
+
+
+# ---- the innermost vmap or grad, taken directly ---------------------------------------------
+# Under a transform, _Slot.apply goes through functorch's custom_function_call: a dispatch in
+# Python, then a rule per transform. Under vmap the rule unwraps the operands at the vmap's
+# level (pytree), pops the level, runs _Slot.vmap and wraps the results; under grad it builds
+# a new single-level autograd.Function class for the call, lifts the operands to its level and
+# applies that class, whose forward unwraps them, pops the level and calls custom_function_call
+# again one level down. When the innermost transform is a vmap or a grad the op takes those
+# steps itself: `batched` as the vmap rule, one single-level Function class per grad level
+# (made once) whose forward calls `apply` one level down, so the level below is taken
+# directly too. The same tensors, the same autograd records, without about half of the Python
+# of a vmapped call of a stacked head (docs/notes/cpu-kernels.md, "vmap over stacked heads
+# (issue 43, stop 45)"). The bias is added on the unwrapped tensors, as functorch's batching
+# rule of add does.
+
+
+def _innermost():
+    """The innermost active transform's interpreter (functorch's CInterpreter), or None where
+    there is none or something else (torch.compile, a dispatch or function mode) may need to
+    see the call."""
+    if peek_interpreter_stack is None:
+        return None
+    top = peek_interpreter_stack()
+    if (top is None or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return None
+    return top
+
+
+class _Lowered:
+    """The innermost level popped inside (functorch's interpreter.lower()); a grad level
+    entered from no_grad also restores no_grad inside, as its interpreter does."""
+
+    def __init__(self, no_grad: bool = False):
+        self.no_grad = torch.no_grad() if no_grad else None
+
+    def __enter__(self):
+        if self.no_grad is not None:
+            self.no_grad.__enter__()
+        self.saved = pop_dynamic_layer_stack()
+
+    def __exit__(self, *exc):
+        push_dynamic_layer_stack(self.saved)
+        if self.no_grad is not None:
+            self.no_grad.__exit__(*exc)
+
+
+def _unwrapped(t: torch.Tensor | None, level: int) -> tuple[torch.Tensor | None, int | None]:
+    """(t's tensor at the level below, its batch dim at `level` or None). A wrapper of a
+    transform that has exited (a vjp's pull runs after its level) is unwrapped first, as
+    functorch's dispatch does before any rule."""
+    return (None, None) if t is None else _unwrap_batched(unwrap_if_dead(t), level)
+
+
+def _vmapped(top, c: Contraction, k: int, slots: list, rest: tuple,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    """G_k (plus `bias` for the forward) under the innermost vmap `top`: unwrapped, `batched`
+    one level down, wrapped at its level."""
+    level, n = top.level(), CVmapInterpreterPtr(top).batchSize()
+    parts = [_unwrapped(t, level) for t in (*slots, *rest, bias)]
+    tensors, dims = [p[0] for p in parts], [p[1] for p in parts]
+    b, bias_dim = tensors.pop(), dims.pop()
+    with _Lowered():
+        if all(d is None for d in dims):  # nothing batched at this level: one plain call
+            out, out_dim = apply(c, k, tensors[:4], tuple(tensors[4:])), None
+        else:
+            out, out_dim = batched(n, dims, c, k, tensors)
+        if b is not None:
+            if out_dim is None and bias_dim is None:
+                out = out + b
+            else:  # [N, B, O] + [N, 1, O] or [O]
+                y = out if out_dim is None else out.movedim(out_dim, 0)
+                out = y + (b if bias_dim is None else b.movedim(bias_dim, 0).unsqueeze(1))
+                out_dim = 0
+    return out if out_dim is None else _add_batch_dim(out, out_dim, level)
+
+
+_GRAD_FUNCTIONS: dict[int, type] = {}
+
+
+def _grad_function(level: int) -> type:
+    """The single-level autograd.Function of grad level `level`: apply(c, k, *tensors) with
+    the tensors lifted to the level; its forward is `apply` one level down, its
+    setup_context, backward and jvp _Slot's (functorch's generated class, made once)."""
+    if level in _GRAD_FUNCTIONS:
+        return _GRAD_FUNCTIONS[level]
+
+    def forward(c, k, *tensors):
+        top = peek_interpreter_stack()  # this level's interpreter
+        inner = [None if t is None else _unwrap_for_grad(t, level) for t in tensors]
+        lowered = _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode())
+        with torch.enable_grad(), _set_fwd_grad_enabled(True), lowered:
+            out = apply(c, k, inner[:4], tuple(inner[4:]))
+        return _wrap_for_grad(out, level)
+
+    function = type(f"_SlotGrad{level}", (_SingleLevelFunction,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(_Slot.setup_context),
+        "backward": staticmethod(_Slot.backward),
+        "jvp": staticmethod(_Slot.jvp),
+    })
+    _GRAD_FUNCTIONS[level] = function
+    return function
+
+
+def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
+    """G_k under the innermost grad `top`: the operands lifted to its level, then its
+    single-level Function (custom_function_call's grad rule, without a new class a call)."""
+    lift = CGradInterpreterPtr(top).lift
+    lifted = [None if t is None else lift(unwrap_if_dead(t)) for t in (*slots, *rest)]
+    with enable_single_level_autograd_function():
+        return _grad_function(top.level()).apply(c, k, *lifted)
 
 
 # ---- vmap ----------------------------------------------------------------------------------

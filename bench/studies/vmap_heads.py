@@ -1,0 +1,250 @@
+"""vmap over stacked heads against a loop of them: `glai-bench vmap-heads` (or
+`python -m bench.studies.vmap_heads`).
+
+    glai-bench vmap-heads [--head A1] [--batch 16] [--heads 8] [--backend cpp] [--rounds 15]
+                          [--min-time 3] [--repeats 3] [--threads N] [--clock wall|thread]
+                          [--profile]
+
+Issue 43's last target: `torch.func.vmap` over N stacked GLAIEstimator heads (as
+`torch.func.stack_module_state` builds them, `functional_call` under `vmap(in_dims=(0, 0,
+None, None))`, x and act shared) no slower than N separate calls of the heads, in the same
+run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded inputs:
+
+- forward (under no_grad): `loop` (N calls of the heads), `vmap` (the stacked call) and
+  `folded` (one op call on the weight [N*O, I, P] and bias [N*O]: the floor the batching rule
+  can reach, the same kernel work without torch.func);
+- forward+backward (the weight's and bias's gradients of a sum loss): `loop` (N calls, one
+  autograd.grad of their summed losses), `vmap` (autograd.grad through the vmapped forward),
+  `vmap-grad` (vmap of torch.func.grad), `vmap-vjp` (vmap of torch.func.vjp, a cotangent per
+  head) and `folded`.
+
+Each repeat prints every contender's median and interquartile range and its ratio to `loop`
+(below 1: faster than the loop). `--clock thread` reads this thread's CPU time (with
+`--threads 1` the whole call's work, none of the time spent waiting for a core on a shared
+machine). `--profile` then shows where `vmap` spends beyond `folded`: cProfile's top Python
+functions and torch.profiler's aten operators (a copy of the stacked weight would show as
+aten::copy_ or aten::clone of its size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call, grad, stack_module_state, vjp, vmap
+
+from bench.cli_types import positive_float, positive_int
+from bench.harness.timing import time_interleaved, warm
+from glai_kernels import GLAIEstimator, estimator
+from glai_kernels.paper_heads import PAPER_HEADS
+
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+@dataclass
+class Ensemble:
+    """N heads of one shape, stacked: `heads` (the modules), `params`/`buffers` (their stacked
+    state: weight [N, O, I, P], bias [N, O], leaves needing gradients), `base` (a meta copy for
+    functional_call), x [B, I] and act [B, P] (shared), and `weight`/`bias` ([N*O, I, P] and
+    [N*O]: the stacked state folded, leaves of their own)."""
+
+    heads: list[GLAIEstimator]
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    base: GLAIEstimator
+    x: torch.Tensor
+    act: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+    backend: str
+
+    def call(self, params, buffers, x, act) -> torch.Tensor:
+        """One head's y [B, O] from its state (vmapped over the stacked state)."""
+        return functional_call(self.base, (params, buffers), (x, act))
+
+    def stacked(self) -> torch.Tensor:
+        """y [N, B, O] of every head, one vmapped call."""
+        return vmap(self.call, in_dims=(0, 0, None, None))(self.params, self.buffers,
+                                                           self.x, self.act)
+
+
+def ensemble(head: str, batch: int, count: int, backend: str, seed: int = 0) -> Ensemble:
+    """`count` float32 heads of paper head `head` on `backend`, seeded, and inputs at `batch`
+    (act 0/1, as the selector gives it)."""
+    s = PAPER_HEADS[head].shape(batch)
+    torch.manual_seed(seed)
+    heads = [GLAIEstimator(s.inputs, s.paths, s.outputs, backend=backend)
+             for _ in range(count)]
+    params, buffers = stack_module_state(heads)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch, s.inputs, generator=gen)
+    act = (torch.rand(batch, s.paths, generator=gen) < 0.5).float()
+    weight = params["weight"].detach().reshape(count * s.outputs, s.inputs, s.paths)
+    bias = params["bias"].detach().reshape(count * s.outputs)
+    return Ensemble(heads, params, buffers, copy.deepcopy(heads[0]).to("meta"), x, act,
+                    weight.clone().requires_grad_(True), bias.clone().requires_grad_(True),
+                    backend)
+
+
+def forward_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
+    """The forward contenders (module docstring), each under no_grad."""
+
+    def loop():
+        with torch.no_grad():
+            return [h(e.x, e.act) for h in e.heads]
+
+    def stacked():
+        with torch.no_grad():
+            return e.stacked()
+
+    def folded():
+        with torch.no_grad():
+            return estimator(e.x, e.act, e.weight, e.bias, backend=e.backend)
+
+    return {"loop": loop, "vmap": stacked, "folded": folded}
+
+
+def training_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
+    """The forward+backward contenders (module docstring): the weight's and bias's gradients
+    of a sum loss, returned (never accumulated into .grad)."""
+    loop_params = [p for h in e.heads for p in (h.weight, h.bias)]
+    stacked_params = (e.params["weight"], e.params["bias"])
+    # one cotangent per head (batched), so the backward is every head's, as in the others
+    ones = torch.ones(len(e.heads))
+
+    def loop():
+        loss = sum(h(e.x, e.act).sum() for h in e.heads)
+        return torch.autograd.grad(loss, loop_params)
+
+    def stacked():
+        return torch.autograd.grad(e.stacked().sum(), stacked_params)
+
+    def head_loss(params, buffers, x, act):
+        return e.call(params, buffers, x, act).sum()
+
+    per_head_grad = vmap(grad(head_loss), in_dims=(0, 0, None, None))
+
+    def head_vjp(params, buffers, x, act, one):
+        _, pull = vjp(lambda p: head_loss(p, buffers, x, act), params)
+        return pull(one)[0]
+
+    per_head_vjp = vmap(head_vjp, in_dims=(0, 0, None, None, 0))
+
+    def folded():
+        y = estimator(e.x, e.act, e.weight, e.bias, backend=e.backend)
+        return torch.autograd.grad(y.sum(), (e.weight, e.bias))
+
+    return {"loop": loop, "vmap": stacked,
+            "vmap-grad": lambda: per_head_grad(e.params, e.buffers, e.x, e.act),
+            "vmap-vjp": lambda: per_head_vjp(e.params, e.buffers, e.x, e.act, ones),
+            "folded": folded}
+
+
+def same_bits(e: Ensemble) -> dict[str, bool]:
+    """Whether the vmapped forward and weight gradient equal the loop's, bit for bit."""
+    loop_y = torch.stack(forward_calls(e)["loop"]())
+    with torch.no_grad():
+        vmap_y = e.stacked()
+    train = training_calls(e)
+    loop_dw = torch.stack(train["loop"]()[0::2])
+    return {"forward": torch.equal(loop_y, vmap_y),
+            "dweight (autograd)": torch.equal(loop_dw, train["vmap"]()[0]),
+            "dweight (grad)": torch.equal(loop_dw, train["vmap-grad"]()["weight"])}
+
+
+def timed(fns: dict[str, Callable[[], object]], rounds: int, min_time_s: float,
+          clock: Callable[[], float]) -> dict[str, tuple[float, float]]:
+    """{name: (median µs, interquartile range µs)}, timed interleaved."""
+    cpu = torch.device("cpu")
+    per_call = {name: warm(fn, cpu, warm_s=0.2)[1] for name, fn in fns.items()}
+    timings = time_interleaved(fns, per_call, min_time_s, rounds, clock=clock)
+    return {name: (t.median_s * 1e6, t.iqr_s * 1e6) for name, t in timings.items()}
+
+
+def report(title: str, runs: list[dict[str, tuple[float, float]]]) -> None:
+    """Each repeat's medians and ratios to the loop, then the ratios' median over repeats."""
+    print(f"\n{title}")
+    for i, t in enumerate(runs, 1):
+        loop = t["loop"][0]
+        cells = "  ".join(f"{name} {med:.0f} ±{iqr / 2:.0f} µs ({med / loop:.3f}×)"
+                          for name, (med, iqr) in t.items())
+        print(f"  repeat {i}: {cells}")
+    names = [n for n in runs[0] if n != "loop"]
+    ratios = {n: sorted(t[n][0] / t["loop"][0] for t in runs) for n in names}
+    print("  ratio to loop, median [min, max] over repeats: " + "  ".join(
+        f"{n} {statistics.median(r):.3f} [{r[0]:.3f}, {r[-1]:.3f}]" for n, r in ratios.items()))
+
+
+def profile(fn: Callable[[], object], calls: int, title: str) -> None:
+    """cProfile's top Python functions (own time) and torch.profiler's aten operators over
+    `calls` calls of `fn`."""
+    print(f"\n--- profile: {title}, {calls} calls ---")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+    print(out.getvalue())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as p:
+        for _ in range(calls):
+            fn()
+    print(p.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
+                                                          row_limit=25))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glai-bench vmap-heads",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--head", choices=sorted(PAPER_HEADS), default="A1")
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--heads", type=positive_int, default=8, help="N, the stacked heads")
+    parser.add_argument("--backend", default="cpp")
+    parser.add_argument("--rounds", type=positive_int, default=15)
+    parser.add_argument("--min-time", type=positive_float, default=3.0,
+                        help="timed seconds per contender and repeat (default: 3)")
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=None)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--passes", choices=("forward", "both", "all"), default="all",
+                        help="forward, forward+backward (both), or all (default)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the vmapped calls and the folded call")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    e = ensemble(args.head, args.batch, args.heads, args.backend)
+    s = PAPER_HEADS[args.head].shape(args.batch)
+    print(f"vmap over {args.heads} stacked {args.head} heads (B={s.batch}, I={s.inputs}, "
+          f"P={s.paths}, O={s.outputs}) on {args.backend!r}, float32, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, clock {args.clock}")
+    print("bit for bit with the loop: " + ", ".join(
+        f"{what} {'yes' if ok else 'NO'}" for what, ok in same_bits(e).items()))
+    passes = {"forward": ("forward", forward_calls(e)),
+              "both": ("forward+backward", training_calls(e))}
+    chosen = list(passes) if args.passes == "all" else [args.passes]
+    for key in chosen:
+        title, fns = passes[key]
+        runs = [timed(fns, args.rounds, args.min_time, CLOCKS[args.clock])
+                for _ in range(args.repeats)]
+        report(title, runs)
+    if args.profile:
+        for key in chosen:
+            title, fns = passes[key]
+            for name in [n for n in fns if n.startswith("vmap")] + ["folded"]:
+                profile(fns[name], 200, f"{title} {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
