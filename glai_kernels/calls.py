@@ -279,7 +279,10 @@ def records_gradient(tensors: tuple) -> bool:
 
 def refuse_aliasing(impl: Backend, inputs: tuple, y: torch.Tensor) -> None:
     """The check torch.library makes of a custom op's outputs (the same C++ function): a
-    result may not alias an input."""
+    result may not alias an input. Not while torch.compile traces (Dynamo cannot trace the
+    C++ check, which would break the graph): it runs on the same backend's eager calls."""
+    if torch.compiler.is_compiling():
+        return
     if torch._C._any_output_is_alias_to_input_or_output(inputs, {}, (y,)):
         raise RuntimeError(f"glai::{impl.op}: backend {impl.name!r} returned an output that "
                            "aliases an input; a custom op's outputs must be new tensors")

@@ -199,6 +199,11 @@ def estimator(
         # cast here, not only in the op, so the checks and the backend see the dtype it runs
         x, act, weight, bias = autocast_inputs((x, act, weight, bias), x.device.type, dtype)
     shape = check_inputs(x, act, weight, bias)
+    if torch.compiler.is_compiling() and calls.transformed():
+        # torch.compile of a torch.func transform: the custom op's torch.library autograd is
+        # not functorch-ready, so the transform's Function, traced (one backend: priorities)
+        impl = registry.resolve(resolved_name(backend, x.device, x.dtype), x.device, x.dtype)
+        return transforms.forward(_contraction(impl), x, act, weight, (), bias)
     if torch.compiler.is_compiling():
         # a compiled graph keeps one backend, chosen by the priorities (auto_call is None)
         name = resolved_name(backend, x.device, x.dtype)
