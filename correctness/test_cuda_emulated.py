@@ -190,7 +190,8 @@ def _rule(lib, x, weight, sms=132):
     outputs, _, paths = weight.shape
 
     def splits(product):
-        problem = Problem(None, None, None, None, batch, inputs, paths, outputs, 0, 0)
+        problem = Problem(None, None, None, None, batch, inputs, paths, outputs,
+                          DTYPE_CODES[x.dtype], 0)
         return lib.glai_cuda_splits(ctypes.byref(problem), PRODUCTS[product], sms)
     return splits
 
