@@ -82,3 +82,5 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 }
 
 }  // namespace nvcuda::wmma
+
+#include "mma_tf32.h"  // precision::tf32 and m16n16k8 (issue 38)

@@ -3,6 +3,12 @@
 //
 // The CUDA kernels keep no Z: `save` is accepted and an empty `saved` returned, so the
 // backward computes dact with its own GEMM (the `cuda` backend has no forward_saving).
+//
+// float32 may run on TF32 tensor cores exactly where torch lets its own float32 matmuls:
+// torch.backends.cuda.matmul.allow_tf32, or torch.set_float32_matmul_precision("high" or
+// "medium"); by default neither, and the kernels keep full float32. Read per call, so a
+// change of either setting takes effect at the next call.
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -30,11 +36,20 @@ const char* product_name(glai_product product) {
   return "?";
 }
 
+// torch's rule for its own float32 matmuls (cuBLAS): TF32 when allowed by either switch
+bool tf32_allowed() {
+  const at::Context& context = at::globalContext();
+  return context.allowTF32CuBLAS() ||
+         context.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
+}
+
 glai_problem make_problem(const at::Tensor& x, const at::Tensor& act, const at::Tensor& w,
                           const at::Tensor* dy, const Sizes& s) {
+  const bool tf32 = x.scalar_type() == at::kFloat && tf32_allowed();
   return {x.const_data_ptr(), act.const_data_ptr(), w.const_data_ptr(),
           dy != nullptr ? dy->const_data_ptr() : nullptr,
-          s.batch, s.inputs, s.paths, s.outputs, to_glai(x.scalar_type(), "glai_ext")};
+          s.batch, s.inputs, s.paths, s.outputs, to_glai(x.scalar_type(), "glai_ext"),
+          tf32 ? 1 : 0};
 }
 
 bool empty_problem(const Sizes& s) {

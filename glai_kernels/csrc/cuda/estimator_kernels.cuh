@@ -7,11 +7,15 @@
 //   GLAI_DX       dx [B, I]        m = b, n = i,        k = (o, s): A = dy[b,o] act[b,s], B = w[o,i,s]
 //   GLAI_DACT     dact [B, P]      m = b, n = s,        k = (o, i): A = dy[b,o] x[b,i],   B = w[o,i,s]
 //   GLAI_DWEIGHT  dweight [O, I*P] m = o, n = (i, s),   k = b:      A = dy[b,o], B = x[b,i] act[b,s]
-// bfloat16 runs on tensor cores (wmma, float accumulators); float32 and float64 on CUDA cores
-// in their own precision, float16 on CUDA cores in float (a formed product rounded to float16
-// for wmma could overflow). When the output has few tiles, the reduction dimension is
-// split across blocks into a workspace that a second kernel sums in a fixed order
-// (deterministic).
+// Three kernels (estimator_kernels.cu says which runs when):
+//   - at the paper's batch (B <= 32: y, dx, dact) a CUDA-core kernel whose blocks each take a
+//     short chain of k tiles, the weight streamed through a multi-stage cp.async pipeline;
+//   - tensor cores (wmma, float accumulators) for bfloat16, and for float32 through TF32 when
+//     the problem allows it (torch's own setting, read by the binding);
+//   - CUDA-core tiles otherwise: float32 and float64 in their own precision, float16 in float
+//     (a formed product rounded to float16 for wmma could overflow).
+// When the output has few tiles, the reduction dimension is split across blocks into a
+// workspace that a second kernel sums in split order (deterministic, no atomics).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,6 +48,10 @@ typedef struct glai_problem {
   const void* dy;
   int64_t batch, inputs, paths, outputs;
   glai_dtype dtype;
+  // float32 only: nonzero lets the tensor cores round the GEMM operands to TF32 (10 mantissa
+  // bits), as torch allows its own float32 matmuls to (torch.backends.cuda.matmul.allow_tf32,
+  // torch.get_float32_matmul_precision() != "highest"); zero keeps full float32
+  int allow_tf32;
 } glai_problem;
 
 // How many blocks will share the reduction dimension of `product` on a GPU with `sm_count`
