@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glai_kernels import registry, triton_tuning
+from glai_kernels import registry, triton_configs, triton_tuning
 from glai_kernels.contract import Shape
 from glai_kernels.paper_heads import PAPER_HEADS
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
@@ -100,7 +100,7 @@ def test_float32_dot_precision_follows_both_torch_settings(matmul_settings, step
         pytest.skip("this torch has no fp32_precision setting")
     for set_it, value in steps:
         set_it(value)
-    assert triton_backend.float32_dot_precision() == expected
+    assert triton_configs.float32_dot_precision() == expected
     assert triton_backend._numerics(torch.float32)["PRECISION"] == expected
     # the other dtypes do not follow it: bfloat16 is its own dot, float16's widened
     # operands are exact in TF32, float64 never calls tl.dot
@@ -167,19 +167,19 @@ def test_each_float32_mode_meets_its_own_tolerance(monkeypatch, matmul_settings,
 def test_forward_splits_fill_the_sms_with_short_chains():
     # A1 at B = 16 on a 132-SM GPU: one (b, o) tile, 768 k-tiles of 128: 128 slices of 6
     # k-tiles (the autotuner's list stopped at 64 slices of 12), then 64 of 12
-    assert triton_backend.forward_splits(1, 768, 132) == (128, 64)
-    assert triton_backend.forward_splits(2, 6400, 132) == (66, 33)  # B1's two tiles of 64
-    assert triton_backend.forward_splits(132, 768, 132) == (1,)  # the tiles fill the SMs
-    assert triton_backend.forward_splits(1, 10, 132) == (2, 1)  # chains of MIN_CHAIN k-tiles
+    assert triton_configs.forward_splits(1, 768, 132) == (128, 64)
+    assert triton_configs.forward_splits(2, 6400, 132) == (66, 33)  # B1's two tiles of 64
+    assert triton_configs.forward_splits(132, 768, 132) == (1,)  # the tiles fill the SMs
+    assert triton_configs.forward_splits(1, 10, 132) == (2, 1)  # chains of MIN_CHAIN k-tiles
     for tiles, k_tiles, sms in itertools.product((1, 2, 3, 7, 33, 200), (1, 3, 17, 530, 4096),
                                                  (4, 108, 132)):
-        splits = triton_backend.forward_splits(tiles, k_tiles, sms)
+        splits = triton_configs.forward_splits(tiles, k_tiles, sms)
         for s in splits:
             chain = -(-k_tiles // s)
-            assert s == 1 or (tiles * s <= sms and chain >= triton_backend.MIN_CHAIN)
+            assert s == 1 or (tiles * s <= sms and chain >= triton_configs.MIN_CHAIN)
             assert (s - 1) * chain < k_tiles  # no empty slice
         # the rule's split: the shortest chain of any split keeping one program per SM
-        allowed = range(1, max(1, min(sms // tiles, k_tiles // triton_backend.MIN_CHAIN)) + 1)
+        allowed = range(1, max(1, min(sms // tiles, k_tiles // triton_configs.MIN_CHAIN)) + 1)
         assert -(-k_tiles // splits[0]) == min(-(-k_tiles // s) for s in allowed)
 
 
@@ -228,20 +228,20 @@ def test_pruning_keeps_a_few_valid_candidates(monkeypatch, sms):
     device = torch.device(DEVICE)
     for shape, dtype in itertools.product(AWKWARD_SHAPES, (torch.float32, torch.bfloat16)):
         forward = triton_backend.forward_candidates(shape, dtype, device)
-        assert 1 <= len(forward) <= triton_backend.TOP_K["forward"], shape
+        assert 1 <= len(forward) <= triton_configs.TOP_K["forward"], shape
         assert len(set(forward)) == len(forward)
         assert all(_valid_forward(c, shape, sms) for c in forward), (shape, forward)
         weight = triton_backend.grad_weight_candidates(shape, dtype, device)
-        assert 1 <= len(weight) <= triton_backend.TOP_K["grad_weight"]
+        assert 1 <= len(weight) <= triton_configs.TOP_K["grad_weight"]
         assert all(c.block_o <= max(16, _pow2(shape.outputs))
                    and c.block_b <= max(16, _pow2(shape.batch)) for c in weight), shape
         inputs = triton_backend.grad_inputs_candidates(shape, dtype, device)
-        assert 1 <= len(inputs) <= triton_backend.TOP_K["grad_inputs"]
+        assert 1 <= len(inputs) <= triton_configs.TOP_K["grad_inputs"]
         for c in inputs:
             assert c.block_o <= max(16, _pow2(shape.outputs)), shape
             assert 1 <= c.i_splits <= -(-shape.inputs // c.block_i), (shape, c)
         # best-predicted first
-        costs = [triton_backend.forward_cost(shape, c, dtype, sms) for c in forward]
+        costs = [triton_configs.forward_cost(shape, c, dtype, sms) for c in forward]
         assert costs == sorted(costs)
 
 
@@ -304,7 +304,7 @@ def test_tuning_times_each_candidate_once_and_writes_the_cache(tuning):
     log = triton_tuning.tuning_log()
     assert [r.kernel for r in log] == ["forward", "grad_weight", "grad_inputs"]
     assert all(r.source == "tuned" and r.seconds > 0 for r in log)
-    assert len(tuning) == sum(r.timed for r in log) <= sum(triton_backend.TOP_K.values())
+    assert len(tuning) == sum(r.timed for r in log) <= sum(triton_configs.TOP_K.values())
     for record in log:
         stored = json.loads(Path(record.path).read_text())
         assert stored["kernel"] == record.kernel and stored["tune_s"] >= 0

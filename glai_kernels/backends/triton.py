@@ -23,8 +23,9 @@ Numerics: loads are converted to the accumulation dtype (fp32, or fp64 for fp64)
 arithmetic, so U = x·act is formed in fp32; for tl.dot it is rounded to bf16 for bfloat16
 (bf16 tensor cores; bf16 has fp32's range) and to TF32 for float16 (TF32 tensor cores: fp16's
 mantissa with fp32's range, so a product past 65504 cannot overflow), fp32 accumulation;
-fp32 inputs go through TF32 only where torch's own settings allow it (`float32_dot_precision`,
-the one rule every kernel here follows), full fp32 ("ieee") otherwise.
+fp32 inputs go through TF32 only where torch's own settings allow it
+(glai_kernels/triton_configs.py's `float32_dot_precision`, the one rule every kernel here
+follows, through `dot_precision`), full fp32 ("ieee") otherwise.
 float64 never calls tl.dot (its support depends on the Triton version and the GPU): it takes
 a multiply-and-sum path (`FMA`), on the GPU and in the interpreter alike.
 
@@ -52,13 +53,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
+from glai_kernels import triton_configs as configs
 from glai_kernels import triton_tuning
 from glai_kernels.contract import Shape
 from glai_kernels.registry import Backend, device_present, register
+from glai_kernels.triton_configs import (
+    ForwardConfig,
+    GradInputsConfig,
+    GradWeightConfig,
+    dot_precision,
+    forward_splits,
+)
+from glai_kernels.triton_configs import slices as _slices
 
 try:
     import triton
@@ -291,43 +300,6 @@ def _grad_inputs_kernel(
 # Launch configurations
 
 
-@dataclass(frozen=True)
-class ForwardConfig:
-    """Tiles of the forward GEMM (M = B, N = O, K = I*P) and the number of K slices."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-@dataclass(frozen=True)
-class GradWeightConfig:
-    """Tiles of the dweight GEMM (M = O, N = I*P, K = B)."""
-
-    block_o: int
-    block_k: int
-    block_b: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-@dataclass(frozen=True)
-class GradInputsConfig:
-    """Tiles of the dx/dact kernel: G tiles [block_b, block_i*block_s], O in block_o steps,
-    the inputs cut into i_splits slices."""
-
-    block_b: int
-    block_i: int
-    block_s: int
-    block_o: int
-    i_splits: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-
-
 # Under the interpreter each program instance costs ~10 ms whatever its size, so tiles are
 # large; a pretend SM count of 4 still makes the heuristics split K on the paper's heads, so
 # the default test run goes through the split paths too.
@@ -348,31 +320,6 @@ def _sms(device: torch.device) -> int:
         return _INTERPRETER_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
 
-
-def _slices(tiles: int, blocks: int, sms: int, min_blocks: int = 4) -> int:
-    """Slices to cut a reduction of `blocks` blocks into, so that `tiles` output tiles times
-    the slices fill about two waves of `sms` processors, each slice keeping >= min_blocks."""
-    return max(1, min((2 * sms) // tiles, blocks // min_blocks))
-
-
-# A K slice keeps at least this many k-tiles: a shorter chain saves less latency than its
-# partial's reduction costs.
-MIN_CHAIN = 4
-
-
-def forward_splits(tiles: int, k_tiles: int, sms: int) -> tuple[int, ...]:
-    """The K splits worth trying when `tiles` (b, o) tiles cover a K of `k_tiles` k-tiles on
-    `sms` SMs, the rule's first: the shortest chains that keep to one program per SM (tiles
-    x split <= sms, unless a single tile), then chains twice as long; never chains under
-    MIN_CHAIN k-tiles; (1,) when the tiles fill the SMs alone. Each split is the number of
-    slices its chain length cdiv(k_tiles, split) needs, so no slice is empty."""
-    cap = max(1, min(sms, k_tiles // MIN_CHAIN))
-    target = max(1, min(cap, sms // tiles))
-    splits = []
-    for wanted in (target, max(1, target // 2)):
-        chain = -(-k_tiles // wanted)
-        splits.append(-(-k_tiles // chain))
-    return tuple(dict.fromkeys(splits))
 
 def forward_config(shape: Shape, dtype: torch.dtype, device: torch.device) -> ForwardConfig:
     """The forward's tiles by rule (the interpreter, float64, deterministic mode; tests)."""
@@ -428,146 +375,24 @@ def grad_inputs_config(shape: Shape, dtype: torch.dtype, device: torch.device) -
 
 # ----------------------------------------------------------------------------------------
 # Autotuning (GPU, float16/bfloat16/float32, deterministic algorithms off): candidates from
-# the shape and the SM count, pruned by a cost model to a few, timed once per shape and kept
-# on disk (glai_kernels/triton_tuning.py)
-
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small M for the paper's batches of
-# 16 and 32, long k-tiles for few outputs (short chains), large tiles for large batches
-# (narrow ones for few outputs).
-_FORWARD_TILES = (
-    (16, 16, 256, 4, 4), (16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 64, 128, 4, 4),
-    (16, 64, 256, 4, 3), (32, 64, 128, 4, 3), (64, 16, 128, 4, 3), (64, 64, 64, 4, 4),
-    (64, 128, 64, 4, 3), (128, 16, 64, 4, 3), (128, 64, 64, 4, 3), (128, 128, 64, 8, 3),
-    (128, 256, 64, 8, 3),
-)
-# (BLOCK_O, BLOCK_K, BLOCK_B, num_warps, num_stages)
-_GRAD_WEIGHT_TILES = (
-    (16, 128, 16, 4, 3), (16, 256, 16, 4, 3), (16, 128, 64, 4, 3), (32, 128, 32, 4, 3),
-    (64, 128, 32, 4, 3), (64, 256, 32, 8, 3), (128, 128, 32, 8, 3), (128, 128, 64, 8, 3),
-    (128, 256, 64, 8, 3),
-)
-# (BLOCK_I, BLOCK_O, num_warps, num_stages); BLOCK_B and BLOCK_S come from
-# grad_inputs_config, I_SPLITS from the candidate's BLOCK_I.
-_GRAD_INPUTS_TILES = ((1, 16, 4, 3), (2, 16, 4, 3), (2, 32, 4, 3), (4, 32, 8, 3), (4, 64, 8, 2))
-# candidates timed per kernel at most (each may compile: most of a new shape's cost)
-TOP_K = {"forward": 4, "grad_weight": 3, "grad_inputs": 3}
-
-# The cost model's machine (a prediction that ranks candidates; the timing chooses among
-# the few kept): an H100 SXM's datasheet bandwidth and peaks, a launch, and the latency of
-# one k-tile step of a program's serial chain that the pipeline leaves exposed (the `cuda`
-# kernel's fit was 2.1 us a tile with single-buffered loads; issue 38).
-_MODEL_BYTES_S = 3.35e12
-_MODEL_FLOPS = {"ieee": 67e12, "tf32": 495e12, "half": 990e12}
-_MODEL_LAUNCH_S = 4e-6
-_MODEL_STEP_S = 0.5e-6
-
-
-def _model_s(nbytes: float, flops: float, programs: int, steps: int, sms: int,
-             peak: float, launches: int = 1) -> float:
-    """Predicted seconds: launches, plus the longest of moving `nbytes`, computing `flops`
-    (both at the share of SMs the `programs` occupy) and `steps` chained steps per SM."""
-    busy = min(1.0, programs / sms)
-    waves = -(-programs // sms)
-    return (launches * _MODEL_LAUNCH_S
-            + max(nbytes / (_MODEL_BYTES_S * busy), flops / (peak * busy),
-                  waves * steps * _MODEL_STEP_S))
-
-
-def _peak(dtype: torch.dtype) -> float:
-    """The model's peak for the dot this dtype runs: bf16 tensor cores for bfloat16, else
-    by the precision `_numerics` gives (float16's operands go through TF32)."""
-    if dtype == torch.bfloat16:
-        return _MODEL_FLOPS["half"]
-    return _MODEL_FLOPS[_numerics(dtype)["PRECISION"]]
-
-
-def forward_cost(shape: Shape, config: ForwardConfig, dtype: torch.dtype, sms: int) -> float:
-    """Predicted seconds of one forward with `config` (the pruning's model)."""
-    b, o, k = shape.batch, shape.outputs, shape.gemm_k
-    rows, cols = triton.cdiv(b, config.block_m), triton.cdiv(o, config.block_n)
-    programs = rows * cols * config.split_k
-    chain = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k)
-    nbytes = rows * o * k * dtype.itemsize + (programs * config.block_m * config.block_n * 4
-                                              if config.split_k > 1 else 0)
-    flops = 2 * rows * config.block_m * cols * config.block_n * k
-    return _model_s(nbytes, flops, programs, chain, sms, _peak(dtype),
-                    launches=2 if config.split_k > 1 else 1)
-
-
-def grad_weight_cost(shape: Shape, config: GradWeightConfig, dtype: torch.dtype,
-                     sms: int) -> float:
-    """Predicted seconds of one dweight with `config`."""
-    b, o, k = shape.batch, shape.outputs, shape.gemm_k
-    outs, ks = triton.cdiv(o, config.block_o), triton.cdiv(k, config.block_k)
-    steps = triton.cdiv(b, config.block_b)
-    nbytes = o * k * dtype.itemsize + outs * 2 * b * k * dtype.itemsize // shape.paths
-    flops = 2 * outs * config.block_o * ks * config.block_k * steps * config.block_b
-    return _model_s(nbytes, flops, outs * ks, steps, sms, _peak(dtype))
-
-
-def grad_inputs_cost(shape: Shape, config: GradInputsConfig, dtype: torch.dtype,
-                     sms: int) -> float:
-    """Predicted seconds of one dx/dact with `config`."""
-    b, i, p, o = shape.batch, shape.inputs, shape.paths, shape.outputs
-    rows, s_blocks = triton.cdiv(b, config.block_b), triton.cdiv(p, config.block_s)
-    i_blocks, o_steps = triton.cdiv(i, config.block_i), triton.cdiv(o, config.block_o)
-    programs = rows * s_blocks * config.i_splits
-    steps = triton.cdiv(i_blocks, config.i_splits) * o_steps
-    nbytes = rows * o * i * p * dtype.itemsize
-    flops = (2 * rows * config.block_b * s_blocks * config.block_s * i_blocks * config.block_i
-             * o_steps * config.block_o)
-    return _model_s(nbytes, flops, programs, steps, sms, _peak(dtype))
-
-
-def _fits(block: int, size: int) -> bool:
-    """A tile side no larger than the size needs (tl.dot's minimum of 16 aside)."""
-    return block <= max(16, triton.next_power_of_2(size))
-
-
-def _kept(candidates, cost, top_k: int) -> list:
-    """The `top_k` cheapest candidates by `cost`, cheapest first (ties: listed order)."""
-    unique = list(dict.fromkeys(candidates))
-    return sorted(unique, key=cost)[:top_k]
+# the shape and the SM count, pruned by a cost model to a few (glai_kernels/triton_configs.py),
+# timed once per shape and kept on disk (glai_kernels/triton_tuning.py)
 
 
 def forward_candidates(shape: Shape, dtype: torch.dtype, device: torch.device) -> list:
-    """The forward configs worth timing at `shape`, best-predicted first, at most
-    TOP_K["forward"]: tiles no larger than the shape needs, each with the splits
-    `forward_splits` gives for the device's SM count."""
-    b, o, k = shape.batch, shape.outputs, shape.gemm_k
-    sms = _sms(device)
-    configs = []
-    for bm, bn, bk, warps, stages in _FORWARD_TILES:
-        if not (_fits(bm, b) and _fits(bn, o)):
-            continue
-        tiles = triton.cdiv(b, bm) * triton.cdiv(o, bn)
-        for split in forward_splits(tiles, triton.cdiv(k, bk), sms):
-            configs.append(ForwardConfig(bm, bn, bk, split, warps, stages))
-    return _kept(configs, lambda c: forward_cost(shape, c, dtype, sms), TOP_K["forward"])
+    """The forward configs worth timing at `shape` on `device`, best-predicted first."""
+    return configs.forward_candidates(shape, dtype, _sms(device))
 
 
 def grad_weight_candidates(shape: Shape, dtype: torch.dtype, device: torch.device) -> list:
-    """The dweight configs worth timing, best-predicted first, at most TOP_K["grad_weight"]."""
-    sms = _sms(device)
-    configs = [GradWeightConfig(bo, bk, bb, warps, stages)
-               for bo, bk, bb, warps, stages in _GRAD_WEIGHT_TILES
-               if _fits(bo, shape.outputs) and _fits(bb, shape.batch)]
-    return _kept(configs, lambda c: grad_weight_cost(shape, c, dtype, sms),
-                 TOP_K["grad_weight"])
+    """The dweight configs worth timing at `shape` on `device`, best-predicted first."""
+    return configs.grad_weight_candidates(shape, dtype, _sms(device))
 
 
 def grad_inputs_candidates(shape: Shape, dtype: torch.dtype, device: torch.device) -> list:
-    """The dx/dact configs worth timing, best-predicted first, at most TOP_K["grad_inputs"]:
-    the rule's batch and path blocks, the inputs cut for each candidate's input block."""
-    sms = _sms(device)
-    rule = grad_inputs_config(shape, dtype, device)
-    tiles = triton.cdiv(shape.batch, rule.block_b) * triton.cdiv(shape.paths, rule.block_s)
-    configs = [GradInputsConfig(rule.block_b, bi, rule.block_s, bo,
-                                _slices(tiles, triton.cdiv(shape.inputs, bi), sms),
-                                warps, stages)
-               for bi, bo, warps, stages in _GRAD_INPUTS_TILES if _fits(bo, shape.outputs)]
-    return _kept(configs or [rule], lambda c: grad_inputs_cost(shape, c, dtype, sms),
-                 TOP_K["grad_inputs"])
+    """The dx/dact configs worth timing at `shape` on `device`, best-predicted first."""
+    return configs.grad_inputs_candidates(shape, dtype, _sms(device),
+                                          grad_inputs_config(shape, dtype, device))
 
 
 def _bench_s(fn) -> float:
@@ -612,29 +437,6 @@ def _tuned(kernel: str, x: torch.Tensor, weight: torch.Tensor, candidates, time_
 # Launchers: triton_forward and triton_backward (inputs contiguous, one dtype and device)
 
 
-def float32_dot_precision() -> str:
-    """tl.dot's input precision for float32 inputs, by torch's own settings: "tf32" when
-    `torch.backends.cuda.matmul.allow_tf32` is True or `torch.get_float32_matmul_precision()`
-    is not "highest", else "ieee" (full float32). The one rule every kernel here follows.
-
-    Since torch 2.9 both are views of one setting, `torch.backends.cuda.matmul.fp32_precision`
-    ("tf32", "ieee", or "none" when unset), and reading either raises once code has mixed the
-    old and new ways of setting it; so that setting is read first when set, then each old
-    name, one that raises counting as not allowing TF32."""
-    matmul = torch.backends.cuda.matmul
-    setting = getattr(matmul, "fp32_precision", "none")
-    if setting != "none":
-        return "ieee" if setting == "ieee" else "tf32"
-    for allows in (lambda: matmul.allow_tf32,
-                   lambda: torch.get_float32_matmul_precision() != "highest"):
-        try:
-            if allows():
-                return "tf32"
-        except RuntimeError:
-            pass
-    return "ieee"
-
-
 def _numerics(dtype: torch.dtype) -> dict:
     """The kernels' dtype constants for inputs of `dtype`."""
     emulate = interpreted() and dtype == torch.bfloat16
@@ -644,12 +446,7 @@ def _numerics(dtype: torch.dtype) -> dict:
     # mantissa (weight converts exactly) with fp32's range, so a formed product x·act past
     # 65504 stays finite where a float16 operand would overflow (docs/ARCHITECTURE.md §1).
     wide = dtype == torch.float16
-    if wide:
-        precision = "tf32"
-    elif dtype == torch.float32:
-        precision = float32_dot_precision()
-    else:
-        precision = "ieee"
+    precision = dot_precision(dtype)  # float32's follows torch's settings
     return {
         "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
         "DOT": tl.float32 if emulate or wide else out,
