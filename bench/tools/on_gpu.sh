@@ -126,6 +126,7 @@ if [ "$ENERGY_S" -gt 0 ]; then
   [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
   margin=$(( budget / 3 < 40 ? budget / 3 : 40 ))  # the closing ceilings and reports
   if [ "$budget" -ge 30 ]; then
+    rm -rf /tmp/bench_cuda/energy  # no stale report from an earlier run on this machine
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --preset "${BENCH_PRESET:-default}" --sweeps heads \
       --heads "${ENERGY_HEADS:-A1,A2,C1,B1}" --batches "${ENERGY_BATCHES:-16}" \
@@ -168,7 +169,7 @@ if [ "${TRITON_S:-0}" -gt 0 ]; then
   step "triton at ${TRITON_HEADS:-A1,C2}, B ${TRITON_BATCHES:-16,256,4096}" \
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${REPEAT_S:-0} ))
-  rm -rf "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/triton_cold
+  rm -rf "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/triton_cold /tmp/bench_cuda_triton
   TRITON_CACHE_DIR=/tmp/triton_cold timeout "$budget" "$PY" -m bench run --suite kernels \
     --device "${BENCH_DEVICE:-cuda}" --preset "${TRITON_PRESET:-default}" --sweeps heads \
     --heads "${TRITON_HEADS:-A1,C2}" --batches "${TRITON_BATCHES:-16,256,4096}" --dtypes float32 \
