@@ -65,7 +65,8 @@ class GradInputsConfig:
 def float32_dot_precision() -> str:
     """tl.dot's input precision for float32 inputs, by torch's own settings: "tf32" when
     `torch.backends.cuda.matmul.allow_tf32` is True or `torch.get_float32_matmul_precision()`
-    is not "highest", else "ieee" (full float32). The one rule every kernel here follows.
+    is not "highest", else "ieee" (full float32): the one rule every kernel of the triton
+    backend follows (through `dot_precision`).
 
     Since torch 2.9 both are views of one setting, `torch.backends.cuda.matmul.fp32_precision`
     ("tf32", "ieee", or "none" when unset), and reading either raises once code has mixed the
@@ -83,8 +84,6 @@ def float32_dot_precision() -> str:
         except RuntimeError:
             pass
     return "ieee"
-
-
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -110,7 +109,7 @@ MIN_CHAIN = 4
 def forward_splits(tiles: int, k_tiles: int, sms: int) -> tuple[int, ...]:
     """The K splits worth trying when `tiles` (b, o) tiles cover a K of `k_tiles` k-tiles on
     `sms` SMs, the rule's first: the shortest chains that keep to one program per SM (tiles
-    x split <= sms, unless a single tile), then chains twice as long; never chains under
+    x split <= sms, when tiles < sms), then chains twice as long; never chains under
     MIN_CHAIN k-tiles; (1,) when the tiles fill the SMs alone. Each split is the number of
     slices its chain length cdiv(k_tiles, split) needs, so no slice is empty."""
     cap = max(1, min(sms, k_tiles // MIN_CHAIN))
