@@ -184,48 +184,6 @@ def test_half_split_k_long_positive_sums(dtype, mode):
                              positive=True))
 
 
-@pytest.mark.parametrize(("dtype", "split"), [(torch.float32, 1), (torch.float32, 3),
-                                              (torch.bfloat16, 3)],
-                         ids=["f32-whole", "f32-split3", "bf16-split3"])
-def test_autotuned_launch_path_with_one_config(monkeypatch, dtype, split):
-    """The GPU's autotuned launchers (grids from the chosen config, the split configs'
-    workspace memset, the cast after the atomic adds), run with one config per kernel so
-    that the autotuner picks it without timing anything (the interpreter cannot time)."""
-    monkeypatch.setattr(triton_backend, "_autotunes", lambda dtype: True)
-    monkeypatch.setattr(triton_backend, "_FORWARD_TILES", ((16, 32, 32, 4, 3),))
-    monkeypatch.setattr(triton_backend, "_SPLITS", (split,))
-    monkeypatch.setattr(triton_backend, "_GRAD_WEIGHT_TILES", ((16, 64, 16, 4, 3),))
-    monkeypatch.setattr(triton_backend, "_GRAD_INPUTS_TILES", ((2, 16, 4, 3),))
-    triton_backend._tuned.cache_clear()
-    try:
-        with forced() as fn:
-            _assert_passes(check(fn, *AWKWARD, dtype=dtype, device=DEVICE, seed=28))
-            # a second call reuses the workspace logic with stale memory around it
-            _assert_passes(check(fn, *AWKWARD, dtype=dtype, device=DEVICE, seed=29))
-        assert triton_backend._tuned()[0].best_config.kwargs["SPLIT_K"] == split
-    finally:
-        triton_backend._tuned.cache_clear()
-
-
-def test_autotune_pruning_splits_only_when_tiles_are_scarce(monkeypatch):
-    monkeypatch.setattr(triton_backend, "_sms", lambda device: 132)  # an H100
-    forward = triton_backend._tuned()[0]
-
-    def kept(batch, outputs, k):
-        args = {"x_ptr": torch.empty(0), "B": batch, "O": outputs, "K": k}
-        return [c.kwargs for c in triton_backend._prune_forward(forward.configs, args)]
-
-    small = kept(16, 37, 385 * 128)  # A1 at B = 16: one or two (b, o) tiles
-    assert {c["BLOCK_M"] for c in small} == {16} and max(c["SPLIT_K"] for c in small) >= 16
-    assert all(c["BLOCK_N"] <= 64 for c in small)
-    large = kept(4096, 128, 769 * 384)  # B2 at B = 4096: up to 512 (b, o) tiles already
-    assert max(c["BLOCK_M"] for c in large) == 128
-    for c in large:  # a split only where the tiles leave SMs idle: at most 4 programs per SM
-        tiles = -(-4096 // c["BLOCK_M"]) * -(-128 // c["BLOCK_N"])
-        assert c["SPLIT_K"] == 1 or tiles * c["SPLIT_K"] <= 4 * 132, c
-    assert all(c["SPLIT_K"] == 1 for c in large if c["BLOCK_M"] == 16)
-
-
 def test_rule_based_configs_split_the_paper_heads():
     """At the paper's batches the (b, o) tiles are few, so the rules split K and the inputs:
     the default suite's paper-head tests go through the split paths."""
@@ -313,19 +271,6 @@ def test_bfloat16_rounding_is_to_nearest_even(emulate):
     assert torch.equal(out, values.bfloat16().float())
 
 
-def test_tf32_follows_torch_switch():
-    matmul = torch.backends.cuda.matmul
-    previous = matmul.allow_tf32
-    try:
-        matmul.allow_tf32 = True
-        assert triton_backend._numerics(torch.float32)["PRECISION"] == "tf32"
-        assert triton_backend._numerics(torch.bfloat16)["PRECISION"] == "ieee"
-        matmul.allow_tf32 = False
-        assert triton_backend._numerics(torch.float32)["PRECISION"] == "ieee"
-    finally:
-        matmul.allow_tf32 = previous
-
-
 # ---- where the backend runs
 
 
@@ -356,4 +301,13 @@ def test_registers_and_imports_without_triton():
 def test_auto_never_picks_the_interpreter():
     for dtype in glai_kernels.SUPPORTED_DTYPES:
         assert registry.pick_auto("cpu", dtype).name != "triton"
-    assert registry.get("triton").auto_priority == {"cuda": 30}
+    assert set(registry.get("triton").auto_priority) == {"cuda"}
+
+
+def test_triton_is_off_the_top_of_the_cuda_priority():
+    """On a GPU it won no measured cell (docs/notes/cuda.md, "An H200 lease: the cuda tests,
+    the whole heads sweep and `triton` at the paper's batch (stop 33)"): without a measured
+    table `auto` takes `cuda`, then `torch`, before it; it stays a candidate, so a table that
+    measures it winning a cell still picks it there."""
+    rank = {name: registry.get(name).auto_priority["cuda"] for name in ("triton", "cuda", "torch")}
+    assert rank["triton"] < rank["torch"] < rank["cuda"], rank

@@ -8,11 +8,18 @@
 # device tool's limit).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
-#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=0 bash bench/tools/on_gpu.sh   # the defaults
-#     ENERGY_S=1 ...   # energy too: 1 s a measurement, which NVML's counter needs (0.1 s read
-#                      # up to 1,140 W on a 700 W H200, stop 33), so a few heads at a time
-#     TRITON_S=120 TRITON_HEADS=A1,C1 bash bench/tools/on_gpu.sh   # and a triton run of its own
-#     TRITON_BATCHES=16 ...                                  # (its batches; default 16,256)
+#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=90 bash bench/tools/on_gpu.sh   # the defaults
+#     ENERGY_S=90 ...   # after the kernel sweep, a step of its own: NVML energy over windows of
+#         1 s (NVML's counter needs them: 0.1 s read up to 1,140 W on a 700 W H200, stop 33) and
+#         the `train` pass (forward + dweight, the paper's kernel pair) beside forward and both,
+#         at ENERGY_HEADS (default A1,A2,C1,B1), B = ENERGY_BATCHES (16), float32; ENERGY_S=0:
+#         none (the default off CUDA). The kernel sweep itself reads no energy. Its report is
+#         bench_cuda/energy/ in the archive.
+#     TRITON_S=150 TRITON_HEADS=A1,C2 bash bench/tools/on_gpu.sh   # and a triton run of its own
+#     TRITON_BATCHES=16 ...     # (its batches; default 16,256,4096; TRITON_PRESET the preset
+#         they are taken from, default `default`): its tuning starts cold
+#         (no kept choice, no compiled kernel), and "triton autotune s" in bench.log gives each
+#         row's first call and each kernel's tuning time per new shape
 #     REPEATS=2 REPEAT_S=120 bash bench/tools/on_gpu.sh   # the small heads at B 16/32 twice more
 #         (REPEAT_HEADS, REPEAT_BATCHES), then here: glai-bench merge OUT bench_cuda
 #         bench_repeat1 bench_repeat2 --repeats   (each cell keeps its median run's row)
@@ -97,16 +104,52 @@ step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
 PIPE_S=${PIPE_S:-90}
-budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S ))
+# energy's step (after this one) by default on CUDA only: a CPU has no energy counter
+ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
+budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S ))
 margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
 [ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
   --preset "${BENCH_PRESET:-default}" --dtypes "${BENCH_DTYPES:-float32,bfloat16}" --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
   ${BENCH_HEADS:+--heads "$BENCH_HEADS"} \
   --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
-  --energy-window "${ENERGY_S:-0}" --time-limit $(( budget - margin )) \
+  --energy-window 0 --time-limit $(( budget - margin )) \
   --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/steps.txt"
+if [ "$ENERGY_S" -gt 0 ]; then
+  # NVML energy at windows of 1 s (bench/harness/energy.py), and the `train` pass, at a few
+  # heads at the paper's batch: 1 s a reading is ~30 readings in 90 s. Written inside
+  # /tmp/bench_cuda (energy/), so the archive holds it; the steps after keep their time.
+  step "energy and train at ${ENERGY_HEADS:-A1,A2,C1,B1}, B ${ENERGY_BATCHES:-16}" \
+    | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S ))
+  [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
+  margin=$(( budget / 3 < 40 ? budget / 3 : 40 ))  # the closing ceilings and reports
+  if [ "$budget" -ge 30 ]; then
+    rm -rf /tmp/bench_cuda/energy  # no stale report from an earlier run on this machine
+    timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
+      --preset "${BENCH_PRESET:-default}" --sweeps heads \
+      --heads "${ENERGY_HEADS:-A1,A2,C1,B1}" --batches "${ENERGY_BATCHES:-16}" \
+      --dtypes float32 --passes "${ENERGY_PASSES:-forward,train,both}" --peers none \
+      --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
+      --energy-window 1 --time-limit $(( budget - margin )) --out /tmp/bench_cuda/energy \
+      --no-history --no-plots >>"$OUT/bench.log" 2>&1
+    echo "energy rc=$?" | tee -a "$OUT/steps.txt"
+    "$PY" - >>"$OUT/bench.log" 2>&1 <<'EOF'
+import csv, os
+path = "/tmp/bench_cuda/energy/results.csv"
+rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
+print("energy (NVML, windows of >= 1 s): head B pass backend median_us J/call W window_s note"
+      + ("" if rows else f": none, no {path} (the step ended before writing it)"))
+for r in rows:
+    us = f"{float(r['median_s']) * 1e6:.1f}" if r["median_s"] else "-"
+    print(" ", r["head"], r["batch"], r["pass"], r["backend"], us, r["energy_j"] or "-",
+          r["power_w"] or "-", r["energy_window_s"] or "-", r["note"])
+EOF
+  else
+    echo "energy: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
+  fi
+fi
 if [ "$PIPE_S" -gt 0 ]; then
   # one seed of the six heads; a unit past its limit is stopped and named in the report, and
   # the report (rewritten after every unit) survives the step's timeout
@@ -119,16 +162,41 @@ if [ "$PIPE_S" -gt 0 ]; then
   echo "pipeline rc=$?" | tee -a "$OUT/steps.txt"
 fi
 if [ "${TRITON_S:-0}" -gt 0 ]; then
-  # triton autotunes each new shape for tens of seconds on a GPU: a few heads of its own, its
-  # first call per shape a warm-up the suite does not time
-  step "triton at ${TRITON_HEADS:-A1,C1}" | tee -a "$OUT/steps.txt"
+  # triton tunes each new shape (a few seconds, predicted; tens before issue 38): a few heads
+  # of its own, its first call per shape a warm-up the suite does not time. It starts cold
+  # (no kept choice of glai_kernels/triton_tuning.py, no compiled kernel), so each first call
+  # is what a new shape costs on a fresh machine, tuning and compiling included
+  step "triton at ${TRITON_HEADS:-A1,C2}, B ${TRITON_BATCHES:-16,256,4096}" \
+    | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${REPEAT_S:-0} ))
-  timeout "$budget" "$PY" -m bench run --suite kernels --device cuda --sweeps heads \
-    --heads "${TRITON_HEADS:-A1,C1}" --batches "${TRITON_BATCHES:-16,256}" --dtypes float32 --passes forward,both \
+  rm -rf "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/triton_cold /tmp/bench_cuda_triton
+  TRITON_CACHE_DIR=/tmp/triton_cold timeout "$budget" "$PY" -m bench run --suite kernels \
+    --device "${BENCH_DEVICE:-cuda}" --preset "${TRITON_PRESET:-default}" --sweeps heads \
+    --heads "${TRITON_HEADS:-A1,C2}" --batches "${TRITON_BATCHES:-16,256,4096}" --dtypes float32 \
+    --passes "${TRITON_PASSES:-forward,train,both}" \
     --peers none --backends torch,cuda,triton --rounds 3 --min-time 0.05 --energy-window 0 \
     --time-limit $(( budget - 30 )) --out /tmp/bench_cuda_triton --no-history --no-plots \
     >>"$OUT/bench.log" 2>&1
   echo "triton rc=$?" | tee -a "$OUT/steps.txt"
+  cp -r "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/bench_cuda_triton/ 2>/dev/null
+  "$PY" - >>"$OUT/bench.log" 2>&1 <<'EOF'
+import csv, glob, json, os
+path = "/tmp/bench_cuda_triton/results.csv"
+rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
+print("triton autotune s, each row's first call (the suite times the calls after it)"
+      + (":" if rows else f": none, no {path} (the step ended before writing it)"))
+for r in rows:
+    if r["backend"] == "triton" and r["first_call_s"]:
+        median = f"{float(r['median_s']) * 1e6:.1f} us" if r["median_s"] else r["note"]
+        print(f"  {r['head']} B={r['batch']} {r['pass']}: {float(r['first_call_s']):.2f} s "
+              f"(then {median})")
+print("triton autotune s, each kernel's tuning per new shape (glai_kernels/triton_tuning.py):")
+for path in sorted(glob.glob("/tmp/bench_cuda_triton/triton-autotune/*.json")):
+    d = json.load(open(path))
+    k = d["key"]
+    print(f"  {d['kernel']} B<={k['B']} I={k['I']} P={k['P']} O={k['O']} {k['precision']}: "
+          f"{d['tune_s']} s, {len(d['timings_s'])} configs timed, chose {d['config']}")
+EOF
 fi
 if [ "${REPEATS:-0}" -gt 0 ]; then
   # the host-bound small heads' medians move between runs (docs/notes/cuda.md, "An H200 lease"):
