@@ -274,7 +274,13 @@ def eager_route(tensors: tuple) -> bool:
 def records_gradient(tensors: tuple) -> bool:
     """Whether autograd records a call on `tensors`: grad mode on and one needs a gradient.
     Plain tensors that it does not record may skip autograd too (`direct_forward`)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    # a loop, not any() over a generator (ruff's SIM110): ≈ 1 µs less on every call
+    for t in tensors:  # noqa: SIM110
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def refuse_aliasing(impl: Backend, inputs: tuple, y: torch.Tensor) -> None:
