@@ -25,7 +25,9 @@ its tensors. When B fits one to five vectors (B <= 80 with AVX-512) the forward 
 run specialised loops; at two to five vectors, with x^T over 32 KB and long enough runs, they
 walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per block).
 `glai_ext::sparse_dvalues_adam` runs dvalues and an Adam/AdamW update of the values in place,
-chunk by chunk of groups (what FusedSparseStep calls). `torch.ops.glai_ext.sparse_min_work(n)`
+chunk by chunk of groups (what FusedSparseStep calls). Eager calls with gradients record one C++
+autograd node (`glai_ext::sparse_estimator_eager`, csrc/cpu/sparse_eager_autograd.cpp: the
+backend's `eager`) instead of the op's Python Function. `torch.ops.glai_ext.sparse_min_work(n)`
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: docs/notes/sparse.md; rerun with
