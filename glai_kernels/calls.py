@@ -313,9 +313,9 @@ def record(function: type[EagerFunction], impl: Backend, shape, tensors: Tensors
     """y [B, O] for an eager call that autograd records (`eager_route` and `records_gradient`
     hold): the backend's own node when it has one (`Backend.eager`, called (x, act, weight,
     bias, save, *rest): a node in C++ that spares the Python Function's apply, context and
-    backward, ≈ 20-30 µs a training step at the paper's batch; docs/notes/pipeline.md, "A
-    cheaper ordinary GLAI step (issue 41 item 2, stop 45)") and the problem is not empty, else
-    `function` (the op's EagerFunction)."""
+    backward, ≈ 0.1 ms of the sparse op's ordinary training step at A1, A2 and C1 at the
+    paper's batch; docs/notes/pipeline.md, "A cheaper ordinary GLAI step (issue 41 item 2,
+    stop 45)") and the problem is not empty, else `function` (the op's EagerFunction)."""
     if impl.eager is not None and not is_empty(shape):
         return impl.eager(*tensors, bias, save, *rest)
     return function.apply(*tensors, bias, rest, impl, shape, save)

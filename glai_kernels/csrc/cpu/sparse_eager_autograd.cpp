@@ -7,9 +7,10 @@
 // backend: the forward is glai_ext::sparse_forward (the group sums Zg^T kept when `save`) plus
 // bias, the backward glai_ext::sparse_backward for the gradients asked for and dbias = dy summed
 // over b in the accumulation dtype (contract.bias_gradient). The Python Function's apply, its
-// context and the engine's call back into Python for its backward cost ≈ 20-30 µs a training
-// step at the paper's B = 16 (docs/notes/pipeline.md, "A cheaper ordinary GLAI step (issue 41
-// item 2, stop 45)"). A backward that builds a graph (create_graph) calls the custom op
+// context and the engine's call back into Python for its backward cost ≈ 0.1 ms of an ordinary
+// training step at A1, A2 and C1 at the paper's B = 16 (predicted 20-30 µs; see
+// docs/notes/pipeline.md, "A cheaper ordinary GLAI step (issue 41 item 2, stop 45)"). A
+// backward that builds a graph (create_graph) calls the custom op
 // glai::sparse_estimator_backward with `backend`, whose own autograd formula gives gradients of
 // gradients, as the Python Function does.
 //
