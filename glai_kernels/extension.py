@@ -162,6 +162,17 @@ def run_sparse_backward(
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))  # type: ignore[return-value]
 
 
+def run_sparse_eager(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                     bias: torch.Tensor | None, save: bool, index: Sequence[torch.Tensor],
+                     backend: str) -> torch.Tensor:
+    """glai_ext::sparse_estimator_eager (csrc/cpu/sparse_eager_autograd.cpp): y [B, O] = the
+    sparse forward over `index` (a KeptIndex) + bias, recorded by autograd as one C++ node whose
+    backward runs glai_ext::sparse_backward (the backward op of the sparse op, on `backend`,
+    when it builds a graph); the group sums Zg^T kept for it when `save`."""
+    return torch.ops.glai_ext.sparse_estimator_eager(x, act, values, list(index), bias, save,
+                                                     backend)
+
+
 def _sparse_forward_fake(x, act, values, index, save):
     groups = index[2].shape[0]  # KeptIndex.group_outputs [G]
     outputs = index[4].shape[0] - 1  # KeptIndex.output_ptr [O + 1]

@@ -75,7 +75,8 @@ def cpu_sources() -> list[Path]:
     return [CSRC / "schema.cpp", CSRC / "task_pool.cpp", CSRC / "gradient_cache.cpp",
             CSRC / "eager_autograd.cpp",
             CSRC / "cpu" / "cpu_dense_binding.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
-            CSRC / "cpu" / "cpu_sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp"]
+            CSRC / "cpu" / "cpu_sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp",
+            CSRC / "cpu" / "sparse_eager_autograd.cpp"]
 
 
 def cuda_sources() -> list[Path]:

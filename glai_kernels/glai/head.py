@@ -192,20 +192,28 @@ class GLAIHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, n0] -> y [B, O]."""
-        act = self.selector(x)
+        # the submodules and the bias read from the module's dicts: nn.Module.__getattr__
+        # costs ≈ 1 µs a read, per step (docs/notes/pipeline.md, "A cheaper ordinary GLAI
+        # step (issue 41 item 2, stop 45)")
+        modules = self._modules
+        act = modules["selector"](x)
         x_aug = F.pad(x, (0, 1), value=1.0)  # the constant-1 input carries the hidden biases
-        if self.layout == "sparse":
-            sw = self.sparse_weight
+        sw = modules.get("sparse_weight")
+        if sw is not None:  # the sparse layout
             # the dtype the op runs in: inside torch.autocast the region's (the op casts)
             dtype = autocast_dtype(x.device.type)
             if dtype is None or not x.is_floating_point() or x.dtype == torch.float64:
                 dtype = x.dtype
-            chosen = sparse_op.op.resolve(self.backend, x.device, dtype,
-                                          sparse_op.op.auto_call(x_aug, act, sw, self.backend))
-            self.backend_used = f"sparse:{chosen.name}"
+            backend = self.backend
+            chosen = sparse_op.op.resolve(backend, x.device, dtype,
+                                          sparse_op.op.auto_call(x_aug, act, sw, backend))
+            used = f"sparse:{chosen.name}"
+            if self.__dict__.get("backend_used") != used:  # nn.Module.__setattr__: ≈ 1 µs
+                self.backend_used = used
             # resolved once here, not again inside `estimator` (docs/notes/sparse.md, "Training
             # step: the Python around the kernels")
-            return sparse_op.op.run_resolved(x_aug, act, sw, self.bias, chosen)
+            return sparse_op.op.run_resolved(x_aug, act, sw, self._parameters.get("bias"),
+                                             chosen)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
         name = backend_for(x_aug, self.backend, act, self.weight)

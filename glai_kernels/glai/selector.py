@@ -24,6 +24,7 @@ such a unit's contribution only as ~its pre-activation (≈ 0) either way.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -183,10 +184,11 @@ class PathSelector(nn.Module):
         (load_state_dict copies into the buffers in place: their versions move)."""
         cache = self.__dict__.setdefault("_derived_cache", {})
         kept = cache.get(name)
-        versions = tuple(-1 if t is None else t._version for t in sources)
+        # a list comprehension and map(is_): ≈ 1 µs less a step than generators
+        versions = [-1 if t is None else t._version for t in sources]
         # the entry holds the sources themselves, so their ids cannot be reused while compared
-        if kept is None or kept[1] != versions or any(
-                a is not b for a, b in zip(kept[0], sources, strict=True)):
+        if (kept is None or kept[1] != versions or len(kept[0]) != len(sources)
+                or not all(map(operator.is_, kept[0], sources))):
             kept = (sources, versions, make(*sources))
             cache[name] = kept
         return kept[2]
@@ -212,7 +214,7 @@ class PathSelector(nn.Module):
                 "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),
                 lambda w, b, u: _padded_columns(w.index_select(0, u[0]).t(),
                                                 None if b is None else b.index_select(0, u[0])))
-            paths = self.units.shape[1]
+            paths = buffers["units"].shape[1]
             out = fused.linear(x.detach(), weight, bias, True)
             return out if out.shape[1] == paths else out[:, :paths].contiguous()
         gates = self.gates(x)

@@ -183,7 +183,8 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
         rest = (contiguous_index(index),)
         if not calls.records_gradient(tensors):
             return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
-        return _EagerSparse.apply(x, act, values, bias, rest, impl, shape, act.requires_grad)
+        return calls.record(_EagerSparse, impl, shape, (x, act, values), rest, bias,
+                            act.requires_grad)
     if calls.transformed():
         # batched or dual tensors: the op as a functorch-ready Function (transforms.py)
         return transforms.forward(_contraction(impl), x, act, values, tuple(index), bias)

@@ -25,7 +25,9 @@ its tensors. When B fits one to five vectors (B <= 80 with AVX-512) the forward 
 run specialised loops; at two to five vectors, with x^T over 32 KB and long enough runs, they
 walk the inputs in blocks whose x^T rows stay in L1 (each group's next run per block).
 `glai_ext::sparse_dvalues_adam` runs dvalues and an Adam/AdamW update of the values in place,
-chunk by chunk of groups (what FusedSparseStep calls). `torch.ops.glai_ext.sparse_min_work(n)`
+chunk by chunk of groups (what FusedSparseStep calls). Eager calls with gradients record one C++
+autograd node (`glai_ext::sparse_estimator_eager`, csrc/cpu/sparse_eager_autograd.cpp: the
+backend's `eager`) instead of the op's Python Function. `torch.ops.glai_ext.sparse_min_work(n)`
 sets the multiply-adds per thread below which a call uses fewer threads (0: always all of
 torch's threads; a test hook).
 Timings and each kernel's share of its bytes floor: docs/notes/sparse.md; rerun with
@@ -34,8 +36,11 @@ Timings and each kernel's share of its bytes floor: docs/notes/sparse.md; rerun 
 
 from __future__ import annotations
 
+import torch
+
 from glai_kernels import extension
 from glai_kernels.registry import Backend
+from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, SparseShape
 
 BATCH_PAD = extension.SPARSE_BATCH_PAD
@@ -50,6 +55,14 @@ def padded_batch(batch):
 def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
     """Zg^T: [G, B rounded up to BATCH_PAD]."""
     return (shape.groups, padded_batch(shape.batch))
+
+
+def cpp_sparse_eager(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
+                     bias: torch.Tensor | None, save: bool, index: KeptIndex) -> torch.Tensor:
+    """y [B, O] recorded by autograd as one C++ node (csrc/cpu/sparse_eager_autograd.cpp): the
+    sparse op's `eager` (glai_kernels/calls.py, `record`), the Backend's EagerFn with the
+    index after `save`."""
+    return extension.run_sparse_eager(x, act, values, bias, save, index, "cpp")
 
 
 def cpp_auto_priority() -> dict[str, int]:
@@ -70,4 +83,5 @@ SPARSE_ESTIMATOR.register(Backend(
                 "(AVX-512, AVX2, portable)",
     auto_priority=cpp_auto_priority(),
     availability=extension.cpu_availability,
+    eager=cpp_sparse_eager,
 ))
