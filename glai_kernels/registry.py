@@ -51,7 +51,8 @@ eager calls on plain tensors that need gradients (glai_kernels/op.py), where a n
 costs less than op.py's Python Function. Inputs checked and non-empty as ForwardFn's, but as
 the caller gave them (possibly not contiguous); bias [O] or None; `save` as for
 `forward_saving`. Its output, gradients and gradients of gradients must be the custom op's
-bit for bit (correctness/test_small_batch.py), its results new tensors."""
+bit for bit (correctness/test_small_batch.py), its results new tensors. The sparse op calls it
+with its KeptIndex after `save`."""
 
 WorkspaceFn = Callable[[Shape, bool, frozenset[str]], int]
 """(shape, forward, grads) -> elements of intermediates one call keeps alive at its peak,

@@ -5,7 +5,8 @@
 //             sparse_dvalues_adam, bias_adam)
 //   CUDA      cuda/cuda_dense_binding.cpp (forward, backward),
 //             cuda/cuda_sparse_binding.cpp (sparse_forward, sparse_backward), when built
-//   Autograd  eager_autograd.cpp (estimator_eager)
+//   Autograd  eager_autograd.cpp (estimator_eager),
+//             cpu/sparse_eager_autograd.cpp (sparse_estimator_eager)
 //   none      the control ops, which take no tensor (one kernel for every caller): in the CPU
 //             binding of their kernels
 // The dispatcher holds a kernel registered before its schema until the schema arrives, so
@@ -27,6 +28,8 @@
 //   glai_ext::sparse_forward(x [B, I], act [B, P], values [K], index, save) -> (y [B, O], zg)
 //   glai_ext::sparse_backward(dy [B, O], x, act, values, index, saved, needs [3])
 //       -> (dx [B, I], dact [B, P], dvalues [K]), each empty [0] when not needed
+//   glai_ext::sparse_estimator_eager(x, act, values, index, bias?, save, backend) -> y [B, O]:
+//       the forward plus bias with its autograd node in C++ (cpu/sparse_eager_autograd.cpp)
 //   glai_ext::sparse_dvalues_adam(dy, x, act, values!, index, exp_avg!, exp_avg_sq!, lr, beta1,
 //       beta2, weight_decay, eps, step, decoupled) -> (): dvalues and one Adam / AdamW update
 //       of values and its moments in place (CPU)
@@ -58,6 +61,9 @@ TORCH_LIBRARY(glai_ext, m) {
       "estimator_eager(Tensor x, Tensor act, Tensor weight, Tensor? bias, bool save, "
       "str backend) -> Tensor");
   // sparse
+  m.def(
+      "sparse_estimator_eager(Tensor x, Tensor act, Tensor values, Tensor[] index, Tensor? bias,"
+      " bool save, str backend) -> Tensor");
   m.def(
       "sparse_forward(Tensor x, Tensor act, Tensor values, Tensor[] index, bool save)"
       " -> (Tensor, Tensor)");

@@ -185,12 +185,6 @@ at::Tensor sparse_estimator_eager(const at::Tensor& x, const at::Tensor& act,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
-  m.def(
-      "sparse_estimator_eager(Tensor x, Tensor act, Tensor values, Tensor[] index, Tensor? bias,"
-      " bool save, str backend) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(glai_ext, Autograd, m) {
   m.impl("sparse_estimator_eager", &sparse_estimator_eager);
 }
