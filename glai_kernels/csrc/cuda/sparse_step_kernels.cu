@@ -28,8 +28,13 @@ constexpr int kThreads = 256;
 // entries per row and step, summed over the batch together (more loads in flight)
 constexpr int kEntriesPerRow = 4;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
-// 6 blocks of 256 per SM, as sparse_kernels.cu's dvalues: occupancy hides the gathers' latency
-constexpr int kBlocksPerSm = 6;
+// Blocks of 256 per SM asked of ptxas: 6 in float32, as sparse_kernels.cu's dvalues (occupancy
+// hides the gathers' latency; up to 40 registers); 4 in float64, whose update (the double
+// pow of the bias corrections) spilled 24 bytes on sm_80 in 40 registers
+template <typename T>
+struct BlocksPerSm {
+  static constexpr int value = sizeof(T) == 8 ? 4 : 6;
+};
 
 __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -93,7 +98,8 @@ struct StepArgs {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) dvalues_adam_kernel(StepArgs<T> a) {
+__global__ void __launch_bounds__(kThreads, BlocksPerSm<T>::value)
+    dvalues_adam_kernel(StepArgs<T> a) {
   constexpr int E = kEntriesPerRow;
   __shared__ T scratch[E * kThreads];
   const Scalars<T> s = scalars<T>(a.step);
