@@ -135,15 +135,16 @@ if [ "$KEPT_S" -gt 0 ]; then
   step "kept sweep: step pass" | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
   [ "$budget" -gt "$KEPT_S" ] && budget=$KEPT_S
-  [ "$budget" -lt 20 ] && budget=20  # too little left: a token run that still reports
+  margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # the closing ceilings and reports, as above
+  [ "$budget" -lt 20 ] && budget=20 margin=5  # too little left: a token run that still reports
   timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
     --preset default --sweeps kept_fraction --passes step --batches 16,32 \
     ${KEPT_HEADS:+--heads "$KEPT_HEADS"} --dtypes float32 --peers none \
     --backends "${KEPT_BACKENDS:-torch,cuda,sparse:cuda,sparse:torch}" --rounds 3 \
-    --min-time 0.05 --energy-window 0 --time-limit $(( budget * 3 / 4 )) \
+    --min-time 0.05 --energy-window 0 --time-limit $(( budget - margin )) \
     --out /tmp/bench_cuda/kept_step --no-history --no-plots >>"$OUT/bench.log" 2>&1
   echo "kept step rc=$?" | tee -a "$OUT/steps.txt"
-  grep -H '"crossover"' /tmp/bench_cuda/kept_step/dispatch/*.layout_crossover.json 2>&1 |
+  grep -H -m1 '"crossover"' /tmp/bench_cuda/kept_step/dispatch/*.layout_crossover.json 2>&1 |
     tee -a "$OUT/steps.txt"
 fi
 if [ "${TRITON_S:-0}" -gt 0 ]; then
