@@ -6,7 +6,7 @@ import torch
 
 import glai_kernels
 from glai_kernels import dispatch, registry, sparse
-from glai_kernels.glai.prune import SPARSE_CROSSOVER
+from glai_kernels.glai.prune import layout_crossover
 from glai_kernels.paper_heads import PAPER_HEADS
 
 # the calls shown: GLAI's paper batch and a large one, at the first paper head
@@ -80,9 +80,22 @@ def main() -> None:
           "(<machine kind>.sparse_estimator.json) where there is one, else the priorities")
     for device_type in device_types:
         _dispatch(device_type, sparse.SPARSE_ESTIMATOR)
-    print("  pruned heads take the sparse layout at a kept fraction of at most: "
-          + ", ".join(f"{d} {f:.0%}" for d, f in SPARSE_CROSSOVER.items())
-          + " (other devices: dense); glai_kernels.glai.prune(layout=...) forces either")
+    _layout_crossovers(device_types)
+
+
+def _layout_crossovers(device_types: list[str]) -> None:
+    """The kept fraction up to which prune(layout="auto") takes the sparse layout on each
+    device, and whether it was measured or is a roofline prediction."""
+    print("  pruned heads take the sparse layout at a kept fraction of at most (the training "
+          "step's crossover; glai_kernels.glai.prune(layout=...) forces either):")
+    for device_type in device_types:
+        for name in ("A1", "B1"):
+            shape = PAPER_HEADS[name].shape(16)
+            found = layout_crossover(torch.device(device_type),
+                                     (shape.outputs, shape.inputs, shape.paths))
+            said = ("dense always (no table, no prediction)" if found is None else
+                    f"{found.fraction:.1%}, {found.source}: {found.detail}")
+            print(f"    {device_type} {name}-shaped head: {said}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ per pass:
 
     sparse:<name>  every available sparse backend (glai_kernels.sparse.SPARSE_ESTIMATOR)
                    on the K kept values
-    cpp, torch     the dense op on the masked [O, I, P] weight (those of the run's dense
+    cpp, cuda, torch  the dense op on the masked [O, I, P] weight (those of the run's dense
                    backends)
     mlp            the original MLP (n0, n1, n2) the GLAI head replaces
 
@@ -75,7 +75,7 @@ from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, SparseShape
 from reference.verdict import judge
 
 # the dense backends the sparse op is compared with, on the masked weight
-DENSE: tuple[str, ...] = ("cpp", "torch")
+DENSE: tuple[str, ...] = ("cpp", "cuda", "torch")
 MLP = "mlp"
 SPARSE_PREFIX = "sparse:"
 GLAI_WEIGHT_DECAY = 0.1  # docs/ARCHITECTURE.md §3: the estimator's Adam

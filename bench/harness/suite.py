@@ -226,6 +226,9 @@ def write_reports(table: pd.DataFrame, meta: dict, out_dir: Path, install_dispat
             installed = dispatch_table.install(path)
             meta[key]["installed"] = str(installed.relative_to(installed.parents[2]))
             written.append(installed)
+    # the kept-fraction sweep's step pass gives the layout crossover (glai_kernels/dispatch/)
+    from bench.harness import crossover_table
+    written.extend(crossover_table.write_for_run(table, meta, out_dir, install_dispatch, kind))
     written.extend(results.write(table, out_dir, meta))
     if plots:
         from bench.reporting import plots as plots_mod

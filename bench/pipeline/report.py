@@ -49,20 +49,26 @@ PROTOCOLS = {
                    "torch's `_fused_sgd_`) and a `torch.compile`d step, measured in the same "
                    "probes; a dense (structured) GLAI head has no engineered step and keeps "
                    "the ordinary one"),
+    "graphed": ("CUDA graphs",
+                "every model's ordinary step (as the paper protocol's) replayed from a CUDA "
+                "graph, one capture per batch shape, inputs copied into static buffers "
+                "(glai_kernels/glai/graphed_step.py; Adam capturable): the launches and the "
+                "Python of a step gone for both sides alike; measured where the device is "
+                "CUDA"),
 }
 
 
 def protocol_records(records: list[dict], protocol: str) -> list[dict]:
-    """The records as `protocol` prices them: "paper" (the records as they are) or
-    "engineered" (each record's `engineered` fields over its own; [] when the run did not
-    measure that protocol)."""
+    """The records as `protocol` prices them: "paper" (the records as they are),
+    "engineered" or "graphed" (each record's fields of that name over its own; [] when the
+    run did not measure that protocol)."""
     if protocol == "paper":
         return records
-    if protocol != "engineered":
+    if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}, got {protocol!r}")
-    if not all(isinstance(r.get("engineered"), dict) for r in records):
+    if not all(isinstance(r.get(protocol), dict) for r in records):
         return []
-    return [{**r, **r["engineered"]} for r in records]
+    return [{**r, **r[protocol]} for r in records]
 
 
 def _frame(records: list[dict]) -> pd.DataFrame:
@@ -508,6 +514,27 @@ def _mlp_steps(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _graph_steps(plain: pd.DataFrame, graphed: pd.DataFrame) -> list[str]:
+    """Each model's cost per epoch without and with graphs (the same ordinary step), its
+    ratio to the MLP's on each side, and how its capture went."""
+    lines = ["Cost per epoch of the ordinary step without / with CUDA graphs (least-disturbed "
+             "probe), and over the same side's MLP (issue 37's target: GLAI ≤ 1.0× the MLP "
+             "both ways):", "",
+             "| data | exp | model | without (ms) | with (ms) | / MLP without | / MLP with | "
+             "graphs |", "|---|---|---|---|---|---|---|---|"]
+    keys = ["data", "head", "seed", "model"]
+    both = plain[[*keys, "epoch_cost"]].merge(
+        graphed[[*keys, "epoch_cost", "graphs"]], on=keys, suffixes=("", "_graphed"))
+    for (data, head, model), sub in both.groupby(["data", "head", "model"], sort=False):
+        mlp = both[(both.data == data) & (both["head"] == head) & (both.model == "MLP")]
+        ratio = sub.epoch_cost.mean() / mlp.epoch_cost.mean()
+        ratio_g = sub.epoch_cost_graphed.mean() / mlp.epoch_cost_graphed.mean()
+        lines.append(f"| {data} | {head} | {model} | {1e3 * sub.epoch_cost.mean():.3g} | "
+                     f"{1e3 * sub.epoch_cost_graphed.mean():.3g} | {ratio:.2f} | "
+                     f"{ratio_g:.2f} | {sub.graphs.iloc[0] or '–'} |")
+    return lines
+
+
 def _readme(frames: dict, tables: dict, meta: dict, has_m: bool) -> str:
     frame = frames["paper"]
     wt = tables["paper"][1]
@@ -556,6 +583,10 @@ def _readme(frames: dict, tables: dict, meta: dict, has_m: bool) -> str:
         lines += ["", "## Engineered protocol: GLAI vs the original MLP (mean ± std over "
                   "seeds)", "", *_headline(frames["engineered"]), "",
                   *_mlp_steps(frames["engineered"])]
+    if "graphed" in frames:
+        lines += ["", "## With CUDA graphs: GLAI vs the original MLP, both sides' steps "
+                  "replayed from graphs (mean ± std over seeds)", "",
+                  *_headline(frames["graphed"]), "", *_graph_steps(frame, frames["graphed"])]
     clock = ", ".join(sorted(set(frame.get("clock", pd.Series(["wall"])).dropna())))
     lines += ["", _HEADLINE_NOTE.format(clock=clock), "",
               "## Why the speedup differs from the paper's (measured, not guessed)", "",

@@ -372,12 +372,14 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
                progress: bool = True, threads: int | None = 1,
                jobs: int | None = None, compile_mlp: bool | None = None,
                shard: shards.Shard | None = None,
-               unit_time_limit_s: float | None = None) -> list[dict]:
+               unit_time_limit_s: float | None = None,
+               graphs: bool | None = None) -> list[dict]:
     """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
     threads); `switch` "fixed", "auto" or "both" (the default: both, side by side); `jobs`
     units at once (None: `default_jobs`); `compile_mlp` False leaves torch.compile out of
     the engineered MLP step's candidates (None: the preset's choice); `shard` and
-    `unit_time_limit_s` as `run_config`'s."""
+    `unit_time_limit_s` as `run_config`'s; `graphs` prices every model's step replayed from
+    CUDA graphs too (`Protocol.graphs`; None: on a CUDA device, where launches are the cost)."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -395,7 +397,9 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
     protocol = dataclasses.replace(preset.protocol, device=device,
                                    **({"switches": switches[switch]} if switch else {}),
                                    **({} if compile_mlp is None else
-                                      {"compile_mlp": compile_mlp}))
+                                      {"compile_mlp": compile_mlp}),
+                                   graphs=(torch.device(device).type == "cuda"
+                                           if graphs is None else graphs))
     preset = dataclasses.replace(preset, protocol=protocol)
     if jobs is None:
         jobs = default_jobs(device, threads)

@@ -415,8 +415,11 @@ def test_the_run_writes_its_dispatch_table(tiny_run):
     output, out_dir = tiny_run
     kind = dispatch.machine_kind("cpu")
     tables = sorted((out_dir / "dispatch").glob("*.json"))
-    # the dense op's table, and the sparse op's from the kept-fraction sweep
-    assert [p.name for p in tables] == [f"{kind}.json", f"{kind}.sparse_estimator.json"]
+    # the dense op's table, and the sparse op's and the layout crossover from the kept-fraction
+    # sweep (its step pass: bench/harness/crossover_table.py)
+    assert [p.name for p in tables] == [f"{kind}.json", f"{kind}.layout_crossover.json",
+                                        f"{kind}.sparse_estimator.json"]
+    assert output.meta["layout_crossover"]["file"] == f"dispatch/{kind}.layout_crossover.json"
     table = dispatch.Table.from_dict(json.loads(tables[0].read_text()))
     # FAST runs einsum (never an auto candidate) and torch: torch wins every cell
     assert table.entries and {e.winner for e in table.entries} == {"torch"}
@@ -425,7 +428,7 @@ def test_the_run_writes_its_dispatch_table(tiny_run):
     summary = (out_dir / "summary.md").read_text()
     assert "## auto: the measured dispatch table" in summary
     # the kept sweep ran sparse:torch alone: it wins the sparse op's every cell
-    sparse_table = dispatch.Table.from_dict(json.loads(tables[1].read_text()))
+    sparse_table = dispatch.Table.from_dict(json.loads(tables[2].read_text()))
     assert sparse_table.op == "sparse_estimator"
     assert {e.winner for e in sparse_table.entries} == {"torch"}
     assert {e.mode for e in sparse_table.entries} <= {"forward", "train"}

@@ -31,6 +31,12 @@
 #         the lease's end keeps what finished (/tmp/pipeline, in the archive). PIPE_S=0: none.
 #     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
 #     the kernel sweep.
+#     KEPT_S=100 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
+#         sweep's training-step pass at the six heads' matched μ and around it (B 16, C2 also
+#         32; KEPT_HEADS, KEPT_BACKENDS), sparse against dense against the MLP; it writes the
+#         layout crossover table (dispatch/<kind>.layout_crossover.json) beside its results in
+#         /tmp/bench_cuda/kept_step (in the archive); install it here with
+#         cp .../dispatch/*.layout_crossover.json glai_kernels/dispatch/
 #
 # The CPU dry run (CI runs it: .ci/run), every step but the tests end to end in under 2
 # minutes (each step is cut at its share of TOTAL_S, so it cannot run longer):
@@ -100,13 +106,15 @@ timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST
 echo "tests rc=$?" | tee -a "$OUT/steps.txt"
 fi
 
+# the kept sweep's step pass (issue 37) keeps its share of the call from the steps before it
+KEPT_S=${KEPT_S:-$([ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 100 || echo 0)}
 step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
 PIPE_S=${PIPE_S:-90}
 # energy's step (after this one) by default on CUDA only: a CPU has no energy counter
 ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
-budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S ))
+budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S - KEPT_S ))
 margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
 [ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
@@ -122,7 +130,7 @@ if [ "$ENERGY_S" -gt 0 ]; then
   # /tmp/bench_cuda (energy/), so the archive holds it; the steps after keep their time.
   step "energy and train at ${ENERGY_HEADS:-A1,A2,C1,B1}, B ${ENERGY_BATCHES:-16}" \
     | tee -a "$OUT/steps.txt"
-  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S ))
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
   [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
   margin=$(( budget / 3 < 40 ? budget / 3 : 40 ))  # the closing ceilings and reports
   if [ "$budget" -ge 30 ]; then
@@ -154,12 +162,33 @@ if [ "$PIPE_S" -gt 0 ]; then
   # one seed of the six heads; a unit past its limit is stopped and named in the report, and
   # the report (rewritten after every unit) survives the step's timeout
   step "pipeline: ${PIPE_PRESET:-quick}, one seed" | tee -a "$OUT/steps.txt"
-  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - KEPT_S ))
   rm -rf /tmp/pipeline
   timeout -k 10 "$budget" "$PY" -m bench pipeline --preset "${PIPE_PRESET:-quick}" --seeds 1 \
     --device "${BENCH_DEVICE:-cuda}" --jobs 1 --unit-time-limit "${PIPE_UNIT_S:-$(( budget / 6 ))}" \
     --no-progress --out /tmp/pipeline >>"$OUT/bench.log" 2>&1
   echo "pipeline rc=$?" | tee -a "$OUT/steps.txt"
+fi
+if [ "$KEPT_S" -gt 0 ]; then
+  # the kept-fraction sweep's training-step pass: sparse `cuda` and `torch` on the K kept
+  # values against dense `cuda`/`torch` on the masked weight and the replaced MLP, at each
+  # head's matched μ (the pruned head) and the sweep's μ around it; its layout crossover table
+  # is what prune(layout="auto") reads on this GPU kind (glai_kernels/dispatch/crossover.py).
+  # Heads in the preset's order, each μ ascending: the time limit cuts the last ones.
+  step "kept sweep: step pass" | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+  [ "$budget" -gt "$KEPT_S" ] && budget=$KEPT_S
+  margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # the closing ceilings and reports, as above
+  [ "$budget" -lt 20 ] && budget=20 margin=5  # too little left: a token run that still reports
+  timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
+    --preset default --sweeps kept_fraction --passes step --batches 16,32 \
+    ${KEPT_HEADS:+--heads "$KEPT_HEADS"} --dtypes float32 --peers none \
+    --backends "${KEPT_BACKENDS:-torch,cuda,sparse:cuda,sparse:torch}" --rounds 3 \
+    --min-time 0.05 --energy-window 0 --time-limit $(( budget - margin )) \
+    --out /tmp/bench_cuda/kept_step --no-history --no-plots >>"$OUT/bench.log" 2>&1
+  echo "kept step rc=$?" | tee -a "$OUT/steps.txt"
+  grep -H -m1 '"crossover"' /tmp/bench_cuda/kept_step/dispatch/*.layout_crossover.json 2>&1 |
+    tee -a "$OUT/steps.txt"
 fi
 if [ "${TRITON_S:-0}" -gt 0 ]; then
   # triton tunes each new shape (a few seconds, predicted; tens before issue 38): a few heads

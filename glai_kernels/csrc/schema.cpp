@@ -4,7 +4,8 @@
 //             cpu/cpu_sparse_binding.cpp (sparse_forward, sparse_backward,
 //             sparse_dvalues_adam, bias_adam)
 //   CUDA      cuda/cuda_dense_binding.cpp (forward, backward),
-//             cuda/cuda_sparse_binding.cpp (sparse_forward, sparse_backward), when built
+//             cuda/cuda_sparse_binding.cpp (sparse_forward, sparse_backward),
+//             cuda/cuda_sparse_step_binding.cpp (sparse_dvalues_adam_t, bias_adam_t), when built
 //   Autograd  eager_autograd.cpp (estimator_eager),
 //             cpu/sparse_eager_autograd.cpp (sparse_estimator_eager)
 //   none      the control ops, which take no tensor (one kernel for every caller): in the CPU
@@ -35,6 +36,9 @@
 //       of values and its moments in place (CPU)
 //   glai_ext::bias_adam(dy, bias!, exp_avg!, exp_avg_sq!, lr, beta1, beta2, weight_decay, eps,
 //       step, decoupled) -> (): the same update of bias [O] from dy summed over the batch (CPU)
+//   glai_ext::sparse_dvalues_adam_t, glai_ext::bias_adam_t: the same two with `step` a tensor
+//       (one float32 on the parameter's device, the optimizer's advanced state["step"]) that the
+//       kernel reads, so neither the host waits for it nor a CUDA graph freezes it (CUDA)
 // `index` is the ten KeptIndex tensors in field order (glai_kernels/sparse/layout.py); `zg`,
 // the group sums Zg^T in the accumulation type, when `save`, else empty.
 //
@@ -75,6 +79,12 @@ TORCH_LIBRARY(glai_ext, m) {
         " float weight_decay, float eps, float step, bool decoupled) -> ()");
   m.def("bias_adam(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq,"
         " float lr, float beta1, float beta2, float weight_decay, float eps, float step,"
+        " bool decoupled) -> ()");
+  m.def("sparse_dvalues_adam_t(Tensor dy, Tensor x, Tensor act, Tensor(a!) values,"
+        " Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor step, float lr,"
+        " float beta1, float beta2, float weight_decay, float eps, bool decoupled) -> ()");
+  m.def("bias_adam_t(Tensor dy, Tensor(a!) bias, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq,"
+        " Tensor step, float lr, float beta1, float beta2, float weight_decay, float eps,"
         " bool decoupled) -> ()");
   // control
   m.def("cpu_isa(str name=\"\") -> str");

@@ -63,6 +63,9 @@ from glai_kernels.sparse import op as sparse_op
 from glai_kernels.sparse.layout import KeptIndex
 
 _UNSUPPORTED_OPTIONS = ("amsgrad", "maximize", "capturable", "differentiable")
+# the sparse backends whose dvalues has a fused update (glai_kernels/fused.py): `cpp` on the CPU,
+# `cuda` on CUDA (csrc/cuda/sparse_step_kernels.cu)
+_KERNEL_ADAM_BACKENDS = ("cpp", "cuda")
 
 
 def _refuse_optimizer(head: GLAIHead, optimizer: torch.optim.Optimizer) -> str | None:
@@ -256,7 +259,7 @@ class FusedSparseStep:
     def _kernel_adam_group(self, calls: list, grads: tuple, plan: _Plan) -> dict | None:
         """The values' param group when their update can run inside the dvalues kernel."""
         if not (self.kernel_adam and len(calls) == 1 and grads[0] is not None
-                and calls[0][2].name == "cpp" and plan.nnz > 0
+                and calls[0][2].name in _KERNEL_ADAM_BACKENDS and plan.nnz > 0
                 and plan.values.dtype in (torch.float32, torch.float64)):
             return None
         return self._fused_group(plan.values)
@@ -286,7 +289,9 @@ class FusedSparseStep:
         state["step"].add_(1)
         beta1, beta2 = group["betas"]
         return (state["exp_avg"], state["exp_avg_sq"], float(group["lr"]), beta1, beta2,
-                group["weight_decay"], group["eps"], float(state["step"]),
+                group["weight_decay"], group["eps"],
+                # on CUDA the kernel reads the count on the device: float() would wait for it
+                state["step"] if param.device.type == "cuda" else float(state["step"]),
                 bool(group.get("decoupled_weight_decay")))
 
     def _update(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

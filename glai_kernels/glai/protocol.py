@@ -47,6 +47,11 @@ only in the cost per epoch, each measured by its own interleaved probes:
               keeps the ordinary one.
 Which step trained a model: `trained_by` ("fused" for a sparse estimator with
 `Protocol.fused_step`, else "ordinary").
+
+With `Protocol.graphs` (bench/pipeline's default on a CUDA device) every model's ordinary step
+is priced a third way, replayed from CUDA graphs (glai/graphed_step.py; probes "<model>
+graphed", Adam's param groups capturable): the same models, the same epochs, both sides alike,
+in `record["graphed"]` (the same fields, and `graphs`: how each model's capture went).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from glai_kernels.glai.convert import from_mlp
 from glai_kernels.glai.embeddings import EmbeddingSplits
 from glai_kernels.glai.episodes import FewShot
 from glai_kernels.glai.fused_step import supported as fused_supported
+from glai_kernels.glai.graphed_step import prepare_optimizer
 from glai_kernels.glai.matching import count_parameters, path_budget
 from glai_kernels.glai.mlp import make_mlp, reduce_mlp
 from glai_kernels.glai.paper_training import paper_training
@@ -96,6 +102,7 @@ class Protocol:
     engineered: bool = True  # also price every model's epochs with its engineered step
     compile_mlp: bool = True  # engineered MLP candidates include a torch.compile'd step
     device: str = "cpu"
+    graphs: bool = False  # also price every model's ordinary step replayed from CUDA graphs
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.switches) - set(SWITCHES))
@@ -286,6 +293,7 @@ def _timed(device: torch.device, fn):
 
 
 ENGINEERED = " engineered: "  # a probe "<model> engineered: <step kind>"
+GRAPHED = " graphed"  # a probe "<model> graphed": the ordinary step replayed from CUDA graphs
 
 
 def _engineered_kinds(name: str, model: nn.Module, optimizer, protocol: Protocol
@@ -298,7 +306,8 @@ def _engineered_kinds(name: str, model: nn.Module, optimizer, protocol: Protocol
 
 def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
                   models: dict[str, nn.Module], glai: GLAIRun,
-                  device: torch.device) -> dict[str, dict[str, Cost]]:
+                  device: torch.device, graph_notes: dict[str, str] | None = None
+                  ) -> dict[str, dict[str, Cost]]:
     """Every model's cost per epoch in the paper protocol (probe "<model>": the ordinary
     step) and, with `protocol.engineered`, in the engineered one (probes "<model>
     engineered: <kind>", one per candidate step), each conversion and one m_t observation,
@@ -319,6 +328,9 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
                 probes[f"{name}{ENGINEERED}{step}"] = training_probe(
                     model, task, optimizer(), steps=protocol.probe_steps, seed=seed + 7,
                     kind=step)
+        if protocol.graphs:
+            probes[f"{name}{GRAPHED}"] = _graphed_probe(name, model, task, optimizer(),
+                                                        protocol, seed, device, graph_notes)
     for variant, convert in glai.conversions.items():
         probes[f"convert {variant}"] = once_probe(device, convert, "once")
     if "auto" in protocol.switches and glai.reduced is not None:
@@ -328,13 +340,41 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
     return interleaved(probes, protocol.timing_repeats)
 
 
+def _graphed_probe(name: str, model: nn.Module, task: Task, optimizer, protocol: Protocol,
+                   seed: int, device: torch.device, notes: dict[str, str] | None):
+    """The training probe of `model`'s ordinary step replayed from CUDA graphs; `notes[name]`
+    says how its capture went (graphs captured, or why it fell back to eager steps)."""
+    prepare_optimizer(optimizer, device)
+    probe = training_probe(model, task, optimizer, steps=protocol.probe_steps, seed=seed + 7,
+                           kind="ordinary", graphs=True)
+    if notes is not None:
+        graphed = probe.graphed
+        notes[name] = (f"eager: {graphed.fallback}" if graphed.fallback else
+                       f"{graphed.strategy.name}: {graphed.captured} capture(s)")
+    return probe
+
+
+def graphed_view(costs: dict[str, dict[str, Cost]]) -> dict[str, dict[str, Cost]]:
+    """The graphed costs under the paper's names ("MLP", "GLAI", ...: each model's "<model>
+    graphed" probe; the conversions and m_t as measured); {} when none was measured."""
+    graphed = {name[: -len(GRAPHED)]: parts for name, parts in costs.items()
+               if name.endswith(GRAPHED)}
+    if not graphed:
+        return {}
+    view = {name: parts for name, parts in costs.items()
+            if ENGINEERED not in name and not name.endswith(GRAPHED)}
+    view.update(graphed)
+    return view
+
+
 def engineered_view(costs: dict[str, dict[str, Cost]], clock_name: str
                     ) -> tuple[dict[str, dict[str, Cost]], dict[str, dict[str, float]]]:
     """The engineered protocol's costs under the paper's names ("MLP", "GLAI", ...: each
     model's fastest candidate step on `clock_name`, by its least-disturbed epoch cost; the
     conversions and m_t as measured), and {model: {step kind: that epoch cost}}, every
     candidate's."""
-    view = {name: parts for name, parts in costs.items() if ENGINEERED not in name}
+    view = {name: parts for name, parts in costs.items()
+            if ENGINEERED not in name and not name.endswith(GRAPHED)}
     candidates: dict[str, dict[str, float]] = {}
     for name, parts in costs.items():
         if ENGINEERED in name:
@@ -391,6 +431,21 @@ def _times(record: dict, costs: dict[str, dict[str, Cost]], clock_name: str,
     return fields
 
 
+def apply_graphed(records: list[dict], costs: dict[str, dict[str, Cost]], clock_name: str,
+                  notes: dict[str, str] | None = None) -> None:
+    """Where `costs` has graphed probes, each record's fields priced by them in
+    `record["graphed"]` (as `apply_costs` prices the paper protocol), with `graphs`: how the
+    model's capture went."""
+    view = graphed_view(costs)
+    if not view or "MLP" not in view:
+        return
+    mlp_epoch = view["MLP"]["epoch"].on(clock_name).seconds
+    for record in records:
+        if record["model"] in view:
+            record["graphed"] = {**_times(record, view, clock_name, mlp_epoch),
+                                 "graphs": (notes or {}).get(record["model"], "")}
+
+
 def apply_costs(records: list[dict], costs: dict[str, dict[str, Cost]],
                 clock_name: str = "wall") -> None:
     """Set each record's time to convergence on both clocks (`time_wall`, `time_cpu`) and
@@ -431,9 +486,11 @@ def run_head(head: PaperHead, data: EmbeddingSplits, seed: int, protocol: Protoc
     torch.manual_seed(1000 * seed + 3)
     linear = linear_head(head).to(device)
     records.append(run_baseline("Linear", linear, head, data, task, protocol, seed))
+    notes: dict[str, str] = {}
     costs = measure_costs(head, task, protocol, seed,
                           {"MLP": original, "MLP reduced": reduced, "Linear": linear}, glai,
-                          device)
+                          device, graph_notes=notes)
     apply_costs(records, costs, headline_clock(protocol))
+    apply_graphed(records, costs, headline_clock(protocol), notes)
     order = {name: k for k, name in enumerate(MODELS)}
     return sorted(records, key=lambda r: order[r["model"]])

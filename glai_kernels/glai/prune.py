@@ -16,8 +16,16 @@ Columns left with no kept weight are dropped in both (exact: they contribute not
 The pruned head's layout (`layout=`): "sparse" holds only the kept values as its parameter
 and runs the sparse op (glai_kernels.sparse), whose cost follows K; "dense" keeps an
 [O, I, P'] weight with a mask (a dense kernel does all O·I·P' work); "auto" (the default)
-takes sparse when the kept fraction K / (O·I·P') is at most `SPARSE_CROSSOVER` for the
-head's device and the requested backend exists for the sparse op, else dense.
+takes sparse when the kept fraction K / (O·I·P') is at most the crossover for the head's
+device (`layout_crossover`) and the requested backend exists for the sparse op, else dense.
+The crossover is, in order: the machine kind's measured table (glai_kernels/dispatch/
+crossover.py: `<machine kind>.layout_crossover.json`, written by the kept-fraction sweep's
+training-step pass, or the nearest measured kind's); on a CUDA device without one, a
+**roofline prediction** for the head's shape (the bytes a step moves per kept entry against
+per dense weight at the GPU's datasheet bandwidth, and the dense step's launch floor: ≈ 71%
+at A1 and ≈ 19% at B1 on an H100; a prediction, not a measurement, and `python -m
+glai_kernels` says so); else `SPARSE_CROSSOVER` for the device type (the CPU's, measured);
+else dense.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from glai_kernels import dispatch
+from glai_kernels.dispatch import crossover
+from glai_kernels.dispatch.crossover import Crossover
 from glai_kernels.glai.head import GLAIHead, has_sparse_backend, sparse_backend_name
 from glai_kernels.sparse import SparsePathWeight
 
@@ -34,8 +45,9 @@ SPARSE_CROSSOVER: dict[str, float] = {"cpu": 0.75}
 """Per device type, the kept fraction K / (O·I·P') at or below which the sparse layout's
 training step beats the dense one's: on CPU the sparse `cpp` step won at every kept fraction
 measured up to 75% at the A1, A2, B1, C1 and C2 shapes (1.5-2.6x at 75%) and lost at 90% at B1
-(docs/notes/sparse.md, "The crossover re-measured with the sparse `cpp` backend"). A device type
-not listed always gets the dense layout under layout="auto"."""
+(docs/notes/sparse.md, "The crossover re-measured with the sparse `cpp` backend"). Used where
+the machine kind has no measured table (`layout_crossover`); a device type not listed, without
+a table or a prediction, always gets the dense layout under layout="auto"."""
 
 LAYOUT_CHOICES = ("auto", "dense", "sparse")
 
@@ -105,11 +117,36 @@ def choose_layout(layout: str, kept: int, shape: tuple[int, int, int],
         return "sparse"
     if layout == "dense":
         return "dense"
-    crossover = SPARSE_CROSSOVER.get(device.type)
+    found = layout_crossover(device, shape)
     density = kept / max(1, shape[0] * shape[1] * shape[2])
-    if crossover is None or density > crossover or not has_sparse_backend(backend):
+    if found is None or density > found.fraction or not has_sparse_backend(backend):
         return "dense"
     return "sparse"
+
+
+def machine_kind_of(device: torch.device) -> str | None:
+    """The dispatch tables' machine kind of `device` (glai_kernels/dispatch), None for a
+    device type that has none (meta, ...)."""
+    if device.type == "cpu":
+        return dispatch.machine_kind("cpu")
+    if device.type == "cuda":
+        return dispatch.machine_kind("cuda", cuda_index=device.index)
+    return None
+
+
+def layout_crossover(device: torch.device, shape: tuple[int, int, int]) -> Crossover | None:
+    """The kept fraction at or below which `prune(layout="auto")` takes the sparse layout for
+    a head of `shape` (O, I, P') on `device`, with its source ("measured" or "prediction"; module
+    docstring), or None (always dense). Float32's bytes in the prediction."""
+    kind = machine_kind_of(device)
+    found = None if kind is None else crossover.for_kind(kind, shape, dispatch.table_dir())
+    if found is not None:
+        return found
+    constant = SPARSE_CROSSOVER.get(device.type)
+    if constant is None:
+        return None
+    return Crossover(constant, "measured", f"SPARSE_CROSSOVER[{device.type!r}] in "
+                                           "glai_kernels/glai/prune.py")
 
 
 def _build(head: GLAIHead, o: torch.Tensor, i: torch.Tensor, s: torch.Tensor,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from glai_kernels.glai.graphed_step import graphed as graphed_step
 from glai_kernels.glai.tasks import Task
 from glai_kernels.glai.training import make_step, synchronize, training_step
 
@@ -103,7 +104,8 @@ def interleaved(probes: dict[str, Probe], repeats: int) -> dict[str, dict[str, C
 
 def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *,
                    steps: int, seed: int, validate: bool = True,
-                   fused_step: bool = True, kind: str | None = None) -> Probe:
+                   fused_step: bool = True, kind: str | None = None,
+                   graphs: bool = False) -> Probe:
     """A probe of `model`'s epoch: parts "train" (k steps scaled to a whole epoch) and,
     with `validate`, "validate" (one validation pass) and "epoch" (their sum). One untimed
     step first, so the optimizer's state exists before any timed step. Trains `model`
@@ -112,7 +114,10 @@ def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimize
     the cost describes what was trained; or, with `kind`, the steps of that kind
     (`training.make_step`: "ordinary", "fused", "hand-fused", "compiled"). A compiled step
     first takes a whole untimed epoch, so every batch shape is compiled before the clock
-    runs."""
+    runs. With `graphs`, the step is replayed from CUDA graphs (glai/graphed_step.py; the
+    eager stand-in off CUDA), warmed and captured, for every batch shape the timed steps
+    meet, before the clock runs; the probe's `graphed` attribute is the GraphedStep (how its
+    captures went). The optimizer must be ready for a capture (`prepare_optimizer`)."""
     device = next(model.parameters()).device
     per_epoch = task.steps_per_epoch()
     count = max(1, min(steps, per_epoch))
@@ -124,6 +129,13 @@ def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimize
     warm = task.batches(gen) if kind == "compiled" else itertools.islice(task.batches(gen), 1)
     for batch in warm:
         step(batch)
+    graphed = None
+    if graphs:
+        graphed = step = graphed_step(step, device)
+        # each shape of the timed steps' batches is warmed, then captured, off the clock
+        for _ in range(graphed.warmup + 1):
+            for batch in itertools.islice(task.batches(gen), count):
+                step(batch)
 
     def train() -> None:
         for batch in itertools.islice(task.batches(gen), count):
@@ -139,6 +151,7 @@ def training_probe(model: nn.Module, task: Task, optimizer: torch.optim.Optimize
             parts["epoch"] = (parts["train"][0] + val_wall, parts["train"][1] + val_cpu)
         return parts
 
+    probe.graphed = graphed  # type: ignore[attr-defined]
     return probe
 
 
