@@ -8,8 +8,10 @@
 # device tool's limit).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
-#     TOTAL_S=560 TEST_S=200 BENCH_MIN_S=150 ENERGY_S=90 bash bench/tools/on_gpu.sh   # the defaults
-#     ENERGY_S=90 ...   # after the kernel sweep, a step of its own: NVML energy over windows of
+#     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 KEPT_S=90 PIPE_S=90 bash bench/tools/on_gpu.sh
+#         # the defaults on CUDA: build (at most BUILD_S=200), then the tests get what the later
+#         # steps' shares leave, at most TEST_S
+#     ENERGY_S=60 ...   # after the kernel sweep, a step of its own: NVML energy over windows of
 #         1 s (NVML's counter needs them: 0.1 s read up to 1,140 W on a 700 W H200, stop 33) and
 #         the `train` pass (forward + dweight, the paper's kernel pair) beside forward and both,
 #         at ENERGY_HEADS (default A1,A2,C1,B1), B = ENERGY_BATCHES (16), float32; ENERGY_S=0:
@@ -31,7 +33,7 @@
 #         the lease's end keeps what finished (/tmp/pipeline, in the archive). PIPE_S=0: none.
 #     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
 #     the kernel sweep.
-#     KEPT_S=100 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
+#     KEPT_S=90 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
 #         sweep's training-step pass at the six heads' matched μ and around it (B 16, C2 also
 #         32; KEPT_HEADS, KEPT_BACKENDS), sparse against dense against the MLP; it writes the
 #         layout crossover table (dispatch/<kind>.layout_crossover.json) beside its results in
@@ -52,7 +54,13 @@ mkdir -p "$OUT"
 START=$(date +%s)
 TOTAL_S=${TOTAL_S:-560}
 BUILD_S=${BUILD_S:-200}
-TEST_S=${TEST_S:-200}
+TEST_S=${TEST_S:-120}
+# the steps after the tests, each cut at its share (defaults on CUDA; energy and the kept
+# sweep's step pass are CUDA-only by default): the tests get what they leave
+PIPE_S=${PIPE_S:-90}
+ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 )}
+KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
+BENCH_MIN_S=${BENCH_MIN_S:-120}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export GLAI_KERNELS_CACHE=${GLAI_KERNELS_CACHE:-/tmp/glai_cache}
@@ -98,22 +106,22 @@ if [ "$TEST_S" -gt 0 ]; then
 step tests | tee -a "$OUT/steps.txt"
 # tests not started TEST_S from now are skipped (bench/tools/lease_plugin.py), so pytest ends with
 # its report; each failure's traceback is written to failures.txt the moment it fails
-budget=$(( $(left) - ${BENCH_MIN_S:-150} )); [ "$budget" -gt "$TEST_S" ] && budget=$TEST_S
+budget=$(( $(left) - BENCH_MIN_S - PIPE_S - ENERGY_S - KEPT_S - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+[ "$budget" -gt "$TEST_S" ] && budget=$TEST_S
+if [ "$budget" -lt 40 ]; then
+  echo "tests skipped: ${budget}s left after the later steps' shares" | tee -a "$OUT/steps.txt"
+else
 GLAI_TESTS_UNTIL=$(( $(date +%s) + budget - 20 )) GLAI_TESTS_FAILURES="$OUT/failures.txt" \
 timeout -s INT -k 10 "$budget" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" \
   --timeout 120 --tb=short -rfE --benchmark-disable -k "${TEST_K:-cuda or triton}" \
   correctness bench/tests >"$OUT/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$OUT/steps.txt"
 fi
+fi
 
-# the kept sweep's step pass (issue 37) keeps its share of the call from the steps before it
-KEPT_S=${KEPT_S:-$([ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 100 || echo 0)}
 step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
-PIPE_S=${PIPE_S:-90}
-# energy's step (after this one) by default on CUDA only: a CPU has no energy counter
-ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
 budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S - KEPT_S ))
 margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
 [ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
