@@ -140,6 +140,8 @@ def test_machine_kind_extends_the_gates():
 
 def test_shipped_tables_load_and_name_registered_backends():
     for path in sorted(dispatch.TABLE_DIR.glob("*.json")):
+        if "." in path.stem:  # another op's table (<kind>.sparse_estimator, .layout_crossover)
+            continue
         table = dispatch.Table.from_dict(json.loads(path.read_text()), str(path))
         assert path.stem == table.machine_kind
         assert table.entries and table.provenance.get("command")
