@@ -179,9 +179,8 @@ def check_bounds(index: KeptIndex, who: str = "sparse estimator") -> None:
     other entry lies in [0, its count). That keeps a kernel's every read and write in bounds;
     whether the index is the one its entries define is `check_contents`' question.
 
-    One reduction per tensor and one synchronisation: ≈ 50 µs at A1 (K = 54k, G = 4.7k) on
-    one CPU thread, which a direct call of the custom op pays (cpp at B = 16: 77 -> 139 µs;
-    `estimator` on a SparsePathWeight pays none). The tensors' sizes must already agree
+    One reduction per tensor and one synchronisation: ≈ 50 µs at A1 (K = 54k) on one CPU
+    thread; `check_contents` runs it first. The tensors' sizes must already agree
     (contract.check_index).
     """
     counts = _counts(index)
@@ -226,9 +225,9 @@ def check_contents(index: KeptIndex, who: str = "sparse estimator") -> None:
     Each statement is tested as it stands (`_consistent`), not by rebuilding the index: no
     sort, a few elementwise passes over K and G, one synchronisation after `check_bounds`'.
     Only an index that fails is rebuilt, to name the first field at fault (`_first_fault`).
-    ≈ 0.2 ms at A1 (K = 54k) on one CPU thread, against 1.9 ms for the rebuild every call
-    ran before (docs/notes/sparse.md, "Issue 40's last gaps (stop 45)"). The tensors' sizes
-    must already agree (contract.check_index).
+    ≈ 0.32 ms at A1's pruned head (K = 54k, G = 1.4k) on one CPU thread, against 1.06 ms for
+    the rebuild it replaced (docs/notes/sparse.md, "Issue 40's last gaps (stop 45)"). The
+    tensors' sizes must already agree (contract.check_index).
     """
     check_bounds(index, who)
     if not _consistent(index):
