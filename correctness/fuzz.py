@@ -25,6 +25,15 @@ values are kept where its tolerance means something: every value at least half i
 (1, or 1/sqrt(I·P) for weight) before the gates' scaling, since below float16's normal range,
 6.1e-5, rounding the result alone errs by more than the tolerance relative to a sum of tiny
 terms; and gate magnitudes in [2^-3, 2^8] (see `GATE_EXPONENTS`).
+
+Double backward (the sparse op's gradient penalty sum(r * dx), `penalty`). Each second
+derivative it takes is one op call on exact inputs: d/dact is dact with r in x's place,
+d/dvalues is dvalues with r in x's place (glai_kernels/calls.py, `double_backward`), so the
+first derivatives' error model holds unchanged (float32 or float64 accumulation, one rounding
+of the result) and so does every dtype's tolerance. What it needs is what x needs: r drawn as
+x is, floored in float16. An unfloored r failed float16 cases by 1.9x to 20x (B=127 I=3 P=4
+O=1: d/dact[b, s] = dy·r·W, one kept term, at 6.3e-7 with |r| = 3.8e-6, where float16's
+spacing is 6.0e-8: rounding the result alone errs by 4% of the term), on every backend alike.
 """
 
 from __future__ import annotations
@@ -215,6 +224,27 @@ def _fit_half(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
             break
         act = act / 2
     return act
+
+
+def penalty(case: dict, x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor,
+            dy: torch.Tensor) -> torch.Tensor:
+    """r [B, I], x's shape, dtype and device, for a case's gradient penalty sum(r * dx): a
+    standard normal draw from the case's seed; in float16, floored as x is (`HALF_FLOOR`) and
+    halved, exactly, until the second derivatives' sums of absolute terms (d/dact [B, P],
+    d/dweight [O, I, P]) are within HALF_RESULT_MAX, as `_fit_half` does for act."""
+    gen = torch.Generator().manual_seed(case["seed"] + 2)
+    r = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    if case["dtype"] == torch.float16:
+        r = _floor(r, HALF_FLOOR)
+        d, a, w = (t.detach().double().abs() for t in (dy, act, weight))
+        for _ in range(64):
+            scales = (torch.einsum("bo,bi,ois->bs", d, r.abs(), w),
+                      torch.einsum("bo,bi,bs->ois", d, r.abs(), a))
+            if max((float(t.max()) for t in scales if t.numel()), default=0.0) \
+                    <= HALF_RESULT_MAX:
+                break
+            r = r / 2
+    return r.to(x.device, x.dtype)
 
 
 def describe(case: dict) -> str:

@@ -13,7 +13,7 @@ kept-path mask (densities from none to all, rows of outputs, inputs or paths lef
 every sparse backend on every device it declares (triton on CPU under its interpreter)
 against the float64 dense oracle on the masked weight, forward and every gradient; and a
 corrupted index (one entry of one field changed), which construction and a direct call of
-the custom op must refuse naming the field. `SPARSE_EXAMPLES` (500) cases per backend and
+the custom op must refuse naming a field. `SPARSE_EXAMPLES` (500) cases per backend and
 device, 15% of them for interpreted Triton: fewer than the dense op's, since the sparse
 backends share the dense ones' arithmetic and what is new is the walk over the index,
 whose edges small shapes reach (about 30 s in all on the shared 2-core machine).
@@ -44,6 +44,7 @@ from fuzz import (
     fuzz_seed,
     graph_keys,
     kept_mask,
+    penalty,
     sparse_cases,
 )
 from hypothesis import HealthCheck, given, seed, settings
@@ -164,20 +165,16 @@ def check_sparse_double_backward(name: str, case: dict, device: str = "cpu") -> 
     create_graph, then ds/dact and ds/dvalues, against the float64 dense einsums on the
     masked weight (dx is linear in act and the weight: ds/dact[b, s] = sum_{o,i} dy[b, o]
     r[b, i] W[o, i, s], ds/dW[o, i, s] = sum_b dy[b, o] r[b, i] act[b, s], at the kept
-    entries). Empty when it holds. float32 and float64 cases only: in float16 and bfloat16 a
-    second derivative is op calls on half-rounded intermediates, and one float16 case (B=127
-    I=3 P=4 O=1, binary gates) missed the one-rounding tolerance by 1.9x on `torch`; until that
-    is explained, half dtypes are not held to it here (gradgradcheck covers float64)."""
-    if case["dtype"] not in (torch.float32, torch.float64):
-        return []
+    entries). Empty when it holds. Every dtype, at its own tolerance: each of these second
+    derivatives is one op call on exact inputs, r drawn as x is (fuzz.py, "Double backward",
+    and `penalty`)."""
     data, dy = build(case, device)
     mask = kept_mask(case, device)
     sw = from_dense(data.weight.detach(), mask)
     x = data.x.detach().requires_grad_(True)
     act = data.act.detach().requires_grad_(True)
     values = sw.values.requires_grad_(True)
-    r = torch.randn(x.shape, generator=torch.Generator().manual_seed(case["seed"] + 2),
-                    dtype=torch.float64).to(device, x.dtype)
+    r = penalty(case, x, act, data.weight, dy)
     y = sparse.estimator(x, act, sw, backend=name)
     (dx,) = torch.autograd.grad(y, x, dy, create_graph=True)
     got_act, got_values = torch.autograd.grad((dx * r).sum(), [act, values], allow_unused=True)
@@ -201,10 +198,9 @@ def check_sparse_double_backward(name: str, case: dict, device: str = "cpu") -> 
 
 
 def check_corrupt_index(name: str, case: dict, device: str = "cpu") -> list[str]:
-    """One entry of one index field changed: SparsePathWeight refuses it naming a field (that
-    field, when the value is out of its range), and a direct call of the custom op, which
-    checks bounds alone, refuses the out-of-range ones (and a ptr array's new end or step
-    down) naming the field and runs the others without reading out of bounds."""
+    """One entry of one index field changed: SparsePathWeight and a direct call of the
+    custom op both refuse it (the op checks an index it has not seen in full, as
+    construction does), naming a field: that field, when the value is out of its range."""
     data, _ = build(case, device)
     sw = from_dense(data.weight.detach(), kept_mask(case, device))
     if not any(t.numel() for t in sw.index):
@@ -221,13 +217,9 @@ def check_corrupt_index(name: str, case: dict, device: str = "cpu") -> list[str]
     x, act = data.x.contiguous(), data.act.contiguous()
     try:
         torch.ops.glai.sparse_estimator(x, act, sw.values.detach(), list(bad), None, name, False)
-        if outside:
-            failures.append(f"the custom op took {field} out of range")
-    except ValueError as e:  # bounds are per field: only the changed one can break them
-        if not re.search(rf"index\.{field}\b", str(e)):
-            failures.append(f"the custom op, {field} changed: {e}")
-    except RuntimeError as e:  # cpp's own check of an inconsistent index
-        if outside or "index is corrupt" not in str(e):
+        failures.append(f"the custom op took {field} changed")
+    except ValueError as e:
+        if not re.search(named, str(e)):
             failures.append(f"the custom op, {field} changed: {e}")
     return failures
 

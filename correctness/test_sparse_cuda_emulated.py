@@ -206,3 +206,77 @@ def test_bad_launches_are_refused(kernels):
                                        None) == INVALID_VALUE
     # a forward asked for nothing does nothing
     assert kernels.glai_sparse_forward(ctypes.byref(problem), None, None, None) == 0
+
+
+# ---- NaN and Inf (issue 40, item 5) ----------------------------------------------------------
+# As test_sparse_contract.py's check of the other sparse backends: each element of y, dx, dact
+# and dvalues is NaN, +inf, -inf or finite as the float64 sum over the kept entries, term by
+# term or grouped as the layout states the op (they may differ where an infinite act or dy
+# multiplies a group's sum); the finite ones within the dtype's tolerance. The batches take one
+# tile of lanes (B = 5) and two, the second partial (B = 37), so padded lanes are exercised.
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("batch", [5, 37], ids=["B5", "B37"])
+def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
+    from test_sparse_contract import kind, nonfinite_case, term_sums64
+
+    infinite = {"y": False, "dact": False}
+    for seed in range(6):
+        x, act, sw, dy = nonfinite_case(seed, batch, dtype)
+        values, index = sw.values.detach(), sw.index
+        terms = term_sums64(dy, x, act, values, index)
+        grouped = (forward64(x, act, values, index), *backward64(dy, x, act, values, index))
+        scale = term_sums64(dy, x.nan_to_num(0, 0, 0), act.nan_to_num(0, 0, 0),
+                            values.nan_to_num(0, 0, 0), index, absolute=True)
+        call = Call(x, act, values, index, dy)
+        y, zgt = _nan((batch, index.shape[0]), dtype), _nan((index.groups, batch), call.acc)
+        dx, dact = _nan(x.shape, dtype), _nan(act.shape, dtype)
+        dv = _nan((index.nnz,), dtype)
+        assert kernels.glai_sparse_forward(call.ref(), y.data_ptr(), zgt.data_ptr(), None) == 0
+        assert kernels.glai_sparse_dx(call.ref(), dx.data_ptr(), None) == 0
+        assert kernels.glai_sparse_dact(call.ref(), zgt.data_ptr(), dact.data_ptr(), None) == 0
+        assert kernels.glai_sparse_dvalues(call.ref(), dv.data_ptr(), None) == 0
+        got = {"y": y, "dx": dx, "dact": dact, "dvalues": dv}
+        for (name, actual), term, group, size in zip(got.items(), terms, grouped, scale,
+                                                     strict=True):
+            where = f"{name} (seed {seed})"
+            k = kind(actual)
+            wrong = (k != kind(term)) & (k != kind(group))
+            assert not bool(wrong.any()), f"{where}: {actual[wrong].tolist()}"
+            # float16 (no gates' floor here, unlike the fuzzer): a sum of a few products of
+            # normals can fall below its normal range, where the relative tolerance means
+            # nothing; its classes are checked, not its finite values
+            if dtype != torch.float16:
+                finite = (kind(term) == 0) & (kind(group) == 0)
+                error = (actual.double() - group).abs()[finite]
+                assert bool((error <= tolerance(dtype) * size[finite]).all()), where
+            if name in infinite:
+                infinite[name] |= bool(group.isinf().any())
+    assert all(infinite.values())  # the planted values reached ±inf in y and dact
+
+
+def test_an_infinite_value_in_a_short_group_stays_inf(kernels):
+    """test_sparse_contract.py's case of the padded rounds: one kept entry per group, an
+    infinite value, B = 29 (one partial tile of 32 lanes); y and dact are ±inf, never NaN."""
+    from test_sparse_contract import kind
+
+    mask = torch.zeros(3, 1, 3, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 0, 2] = mask[1, 0, 0] = True
+    sw = from_dense(torch.tensor([[[1.0, 2.0, -3.0]], [[4.0, 5.0, 6.0]], [[0.0] * 3]]), mask)
+    values = sw.values.detach().clone()
+    values[1] = float("inf")  # group (0, 2)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(29, 1, generator=gen) + 0.5
+    act = torch.rand(29, 3, generator=gen) + 0.5
+    dy = torch.rand(29, 3, generator=gen) + 0.5
+    call = Call(x, act, values, sw.index, dy)
+    y, zgt = _nan((29, 3), torch.float32), _nan((sw.index.groups, 29), torch.float32)
+    dact = _nan((29, 3), torch.float32)
+    assert kernels.glai_sparse_forward(call.ref(), y.data_ptr(), zgt.data_ptr(), None) == 0
+    assert kernels.glai_sparse_dact(call.ref(), zgt.data_ptr(), dact.data_ptr(), None) == 0
+    expected_y = forward64(x, act, values, sw.index)
+    expected_dact = backward64(dy, x, act, values, sw.index)[1]
+    assert bool(expected_y[:, 0].isinf().all()) and bool(expected_dact[:, 2].isinf().all())
+    assert torch.equal(kind(y), kind(expected_y))
+    assert torch.equal(kind(dact), kind(expected_dact))

@@ -224,3 +224,213 @@ def test_from_entries_sorts_sizes_whose_product_passes_int64():
         y = estimator(x, act, sw, backend=backend)
         torch.testing.assert_close(y.double()[:, [0, side - 1]], exact)
         assert int(y.count_nonzero()) == 2
+
+
+# ---- direct calls: the full check, once per index (issue 40's last gaps, stop 45) ----------
+# A direct call of the custom op with an index nobody validated got only the bounds check, so
+# an in-range but inconsistent index gave a wrong y silently on torch and triton. Now every
+# call checks the contents in full, and remembers an index that passed by its tensors'
+# identities, versions and storage (glai_kernels/sparse/checked.py).
+
+INCONSISTENT = CORRUPTIONS[11:]  # in range: only the full check sees them
+
+
+def _direct(sw: SparsePathWeight, index, backend: str = "torch") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    x, act = torch.randn(3, SHAPE[1], generator=gen), torch.randn(3, SHAPE[2], generator=gen)
+    return torch.ops.glai.sparse_estimator(x, act, sw.values.detach(), list(index), None,
+                                           backend, False)[0]
+
+
+@pytest.fixture
+def check_calls(monkeypatch) -> dict[str, int]:
+    """Counts of the index checks that read the tensors (full and bounds-only), wherever a
+    module calls them from."""
+    from glai_kernels.sparse import checked, contract, layout
+
+    checked.clear()
+    counts = {"check_contents": 0, "check_bounds": 0}
+    for name in counts:
+        original = getattr(layout, name)
+
+        def counting(*args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(layout, name, counting)
+        if hasattr(contract, name):
+            monkeypatch.setattr(contract, name, counting)
+    return counts
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize(("field", "position", "value", "named"), INCONSISTENT,
+                         ids=[f"{c[0]}[{c[1]}]={c[2]}" for c in INCONSISTENT])
+def test_a_direct_call_refuses_an_inconsistent_index(backend, field, position, value, named):
+    """Each of these gave a wrong y silently on `torch` and `triton` (cpp's own check
+    raised a RuntimeError without naming a field)."""
+    from glai_kernels.sparse import SPARSE_ESTIMATOR
+
+    if SPARSE_ESTIMATOR.get(backend).unsupported_reason("cpu", torch.float32) is not None:
+        pytest.skip(f"{backend} cannot run here")
+    sw = _weight()
+    with pytest.raises(ValueError, match=rf"sparse estimator: {named}\b"):
+        _direct(sw, _corrupt(sw.index, field, position, value), backend)
+
+
+def test_a_direct_call_refuses_unsorted_groups():
+    sw = _weight()
+    swapped = {name: t.clone() for name, t in sw.index._asdict().items()}
+    for name in ("group_outputs", "group_paths"):
+        swapped[name][[0, 1]] = getattr(sw.index, name)[[1, 0]]
+    with pytest.raises(ValueError, match=r"index.group_outputs and group_paths .* order"):
+        _direct(sw, KeptIndex(**swapped))
+
+
+def test_the_backward_op_checks_its_index_too():
+    sw = _weight()
+    bad = _corrupt(sw.index, "path_groups", 0, 1)
+    x, act = torch.randn(2, SHAPE[1]), torch.randn(2, SHAPE[2])
+    dy = torch.randn(2, SHAPE[0])
+    with pytest.raises(ValueError, match=r"index.path_groups\b"):
+        torch.ops.glai.sparse_estimator_backward(dy, x, act, sw.values.detach(), list(bad),
+                                                 x.new_empty(0), [True, True, True], "torch")
+
+
+def test_a_foreign_index_is_checked_once_then_remembered(check_calls):
+    sw = _weight()
+    foreign = [t.clone() for t in sw.index]
+    y = _direct(sw, foreign)
+    assert check_calls["check_contents"] == 1
+    for _ in range(3):
+        torch.testing.assert_close(_direct(sw, foreign), y, rtol=0, atol=0)
+    assert check_calls["check_contents"] == 1
+    _direct(sw, [t.clone() for t in foreign])  # equal values, other tensors: checked
+    assert check_calls["check_contents"] == 2
+
+
+def test_a_weights_own_index_is_never_checked_again(check_calls):
+    """SparsePathWeight validated its index when it was built: neither `estimator` on it nor
+    a custom op call with its index (direct, under autocast, under a transform) checks it
+    again, not even its bounds (≈ 50 µs at A1 on every such call before)."""
+    sw = _weight()
+    check_calls.update(check_contents=0, check_bounds=0)  # construction's own check
+    gen = torch.Generator().manual_seed(4)
+    x, act = torch.randn(3, SHAPE[1], generator=gen), torch.randn(3, SHAPE[2], generator=gen)
+    _direct(sw, sw.index)
+    estimator(x, act, sw, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        estimator(x, act, sw, backend="torch")
+    torch.func.grad(lambda a: estimator(x, a, sw, backend="torch").sum())(act)
+    y = estimator(x, act.requires_grad_(), sw, backend="torch")
+    torch.autograd.grad(y.sum(), act)
+    assert check_calls == {"check_contents": 0, "check_bounds": 0}
+
+
+@pytest.mark.parametrize(("field", "position", "value", "named"),
+                         [CORRUPTIONS[0], *INCONSISTENT],
+                         ids=[f"{c[0]}[{c[1]}]={c[2]}" for c in [CORRUPTIONS[0], *INCONSISTENT]])
+def test_an_index_edited_in_place_after_a_good_call_is_refused(field, position, value, named):
+    """The memory keys on the tensors' version counters: an in-place edit after a call that
+    passed makes the next call check the index again, and refuse it naming the field."""
+    sw = _weight()
+    foreign = KeptIndex(*(t.clone() for t in sw.index))
+    _direct(sw, foreign)
+    getattr(foreign, field)[position] = value
+    with pytest.raises(ValueError, match=rf"sparse estimator: {named}\b"):
+        _direct(sw, foreign)
+
+
+def test_a_buffer_given_new_storage_through_data_is_checked_again():
+    """`t.data = other` keeps the tensor object and its version counter: the storage's address
+    in the key sees it (it was a stale hit, and a wrong y, on `estimator`)."""
+    sw = _weight()
+    x, act = torch.randn(2, SHAPE[1]), torch.randn(2, SHAPE[2])
+    estimator(x, act, sw, backend="torch")
+    version = sw.output_ptr._version
+    sw.output_ptr.data = _corrupt(sw.index, "output_ptr", 1, 0).output_ptr
+    assert sw.output_ptr._version == version  # what a version-only key would miss
+    with pytest.raises(ValueError, match=r"index.output_ptr\b"):
+        estimator(x, act, sw, backend="torch")
+    with pytest.raises(ValueError, match=r"index.output_ptr\b"):
+        _direct(sw, sw.index)
+
+
+def test_the_memory_keeps_no_index_alive():
+    """An entry holds weak references: freeing the index frees its entry, so no id a later
+    tensor reuses can match it."""
+    import gc
+    import weakref
+
+    from glai_kernels.sparse import checked
+
+    checked.clear()
+    sw = _weight()
+    assert len(checked._MEMORY) == 1  # the weight's own index, recorded when built
+    foreign = [t.clone() for t in sw.index]
+    _direct(sw, foreign)
+    assert len(checked._MEMORY) == 2
+    alive = weakref.ref(foreign[0])
+    del foreign
+    gc.collect()
+    assert alive() is None
+    assert len(checked._MEMORY) == 1
+    del sw
+    gc.collect()
+    assert not checked._MEMORY
+
+
+def test_inference_tensors_are_checked_on_every_call(check_calls):
+    """They keep no version counter, so an in-place edit could not be seen: never remembered."""
+    sw = _weight()
+    with torch.inference_mode():
+        foreign = [t.clone() for t in sw.index]
+        _direct(sw, foreign)
+        _direct(sw, foreign)
+    assert check_calls["check_contents"] == 2
+
+
+def test_compiled_code_checks_an_index_edited_in_place_at_its_next_call():
+    """torch.compile traces with fake tensors (no check reads them); the compiled code runs
+    the custom op on the real tensors, whose check sees the edit."""
+    sw = _weight()
+    x, act = torch.randn(3, SHAPE[1]), torch.randn(3, SHAPE[2])
+
+    def f(x, act):
+        return estimator(x, act, sw, backend="torch")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, act), f(x, act))
+    with torch.no_grad():
+        sw.output_ptr[1] = 0
+    with pytest.raises(ValueError, match=r"index.output_ptr\b"):
+        compiled(x, act)
+
+
+def test_the_fast_check_agrees_with_the_rebuild():
+    """`check_contents` tests each statement as it stands and rebuilds the index only to
+    name a fault: on valid indices and on one, two or three entries changed at random (in
+    bounds), the quick verdict and the rebuild's (`_first_fault`) must agree."""
+    from fuzz import corrupt
+
+    from glai_kernels.sparse import layout
+
+    gen = torch.Generator().manual_seed(11)
+    agreed = {True: 0, False: 0}
+    for trial in range(600):
+        shape = tuple(int(d) for d in torch.randint(1, 7, (3,), generator=gen))
+        mask = torch.rand(shape, generator=gen) < float(torch.rand((), generator=gen))
+        index = layout.build_index(mask)
+        if not index.nnz:
+            continue
+        for change in range(trial % 4):  # 0 to 3 entries changed
+            index = corrupt(index, trial * 7 + change)[0]
+        try:
+            layout.check_bounds(index)
+        except ValueError:
+            continue
+        consistent = layout._consistent(index)
+        assert consistent == (layout._first_fault(index) == "the index is inconsistent"), (
+            trial, index)
+        agreed[consistent] += 1
+    assert min(agreed.values()) >= 40, agreed  # both verdicts were reached often

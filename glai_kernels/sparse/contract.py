@@ -5,12 +5,13 @@ weight given as values [K] plus a KeptIndex (layout.py) instead of [O, I, P].
     y [B, O]
 
 The public `estimator`, the custom ops and their fakes all call `check_inputs`. It checks
-ranks, dtypes, devices and every size the index implies. The index's contents are validated
-in full once, where a SparsePathWeight is built or loaded (layout.check_contents), so
-`estimator` on one pays nothing per call for them; a direct call of the custom ops, whose
-index nobody checked, gets `layout.check_bounds` (every offset and index inside what it
-addresses: one reduction per index tensor, one synchronisation), which keeps the kernels
-in bounds whatever list of tensors it is handed.
+ranks, dtypes, devices and every size the index implies, and the index's contents in full
+(layout.check_contents: bounds, order, every derived tensor), once per index: `checked_sizes`
+remembers an index that passed by its tensors' identities and versions (checked.py), so a
+repeated call with the same unedited tensors pays a dict lookup, and a tensor edited in place
+since is checked again. A SparsePathWeight validates its index where it is built or loaded and
+records it there, so neither `estimator` on it nor a custom op call with its index (under
+autocast, a transform, or direct) checks it again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from glai_kernels.contract import SUPPORTED_DTYPES
-from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, check_bounds
+from glai_kernels.sparse import checked
+from glai_kernels.sparse.layout import INDEX_DTYPE, KeptIndex, check_contents
 from glai_kernels.sparse.registry import SparseShape
 
 WHO = "sparse estimator"
@@ -75,6 +77,27 @@ def check_index(index: KeptIndex, device: torch.device, nnz: int) -> tuple[int, 
     return (*index.shape, groups)
 
 
+def checked_sizes(index: KeptIndex, device: torch.device, nnz: int,
+                  who: str = WHO) -> tuple[int, int, int, int]:
+    """`check_index(index, device, nnz)` ((O, I, P, G), or its error) and, where the index's
+    values can be read, `layout.check_contents(index, who)`, remembered (checked.py): an
+    index checked before, unedited since, costs one dict lookup.
+
+    Under torch.compile's tracing (fake tensors) and on meta tensors only the sizes are
+    checked: nothing there reads an index. The compiled code runs the custom ops with the
+    real tensors, whose call checks them here (a SparsePathWeight's index: remembered)."""
+    if torch.compiler.is_compiling():
+        return check_index(index, device, nnz)
+    key = checked.key_of(index, device, nnz)
+    sizes = checked.recall(key, index)
+    if sizes is None:
+        sizes = check_index(index, device, nnz)
+        if _has_data(index):
+            check_contents(index, who)
+            checked.remember(key, index, sizes)
+    return sizes
+
+
 def _has_data(index: KeptIndex) -> bool:
     """Whether the index's values can be read: plain tensors off the meta device, outside
     torch.compile's tracing (fake tensors stand in for them there, and in the fakes)."""
@@ -89,10 +112,8 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
                                        tuple[int, int, int, int]] | None = None) -> SparseShape:
     """Check ranks, sizes, dtypes and devices; return the call's SparseShape.
 
-    `index_check` replaces `check_index` (same arguments, same result and errors): a
-    SparsePathWeight's `checked_index_sizes` remembers the result for its own index, whose
-    contents it validated. Without one (the custom ops), the index's bounds are checked too
-    (`layout.check_bounds`), where its values can be read.
+    `index_check` replaces `checked_sizes` (same arguments, same result and errors): a
+    SparsePathWeight's `checked_index_sizes`, for its own index.
 
     Raises ValueError (shapes, devices) or TypeError (dtypes, non-tensors), naming the
     argument; `weight_name` is what a message calls the kept-path weight.
@@ -117,7 +138,7 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
                 f"{WHO}: {name} must be on the same device as x ({x.device}), got {t.device}")
     # not `index_check or check_index`: torch.compile (2.11) cannot branch on a bound
     # method's truth value
-    check = check_index if index_check is None else index_check
+    check = checked_sizes if index_check is None else index_check
     kept = as_index(index)
     outputs, inputs, paths, groups = check(kept, x.device, values.numel())
     batch = x.shape[0]
@@ -134,6 +155,4 @@ def check_inputs(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
     if bias is not None and bias.shape[0] != outputs:
         raise ValueError(f"{WHO}: bias must have shape [O] = [{outputs}] ({weight_name}.shape[0]),"
                          f" got {list(bias.shape)}")
-    if index_check is None and _has_data(kept):
-        check_bounds(kept, WHO)
     return SparseShape(batch, inputs, paths, outputs, values.numel(), groups)

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from glai_kernels.contract import SUPPORTED_DTYPES
-from glai_kernels.sparse.contract import check_index
+from glai_kernels.sparse import checked
+from glai_kernels.sparse.contract import check_index, checked_sizes
 from glai_kernels.sparse.layout import (
     INDEX_DTYPE,
     KeptIndex,
@@ -136,28 +137,20 @@ class SparsePathWeight(nn.Module):
 
     def checked_index_sizes(self, index: KeptIndex, device: torch.device, nnz: int
                             ) -> tuple[int, int, int, int]:
-        """`contract.check_index(index, device, nnz)` ((O, I, P, G), or its error) and
-        `layout.check_contents(index)`, remembered while `index` holds the same tensor
-        objects of the same sizes, unedited: the ten tensors' checks cost ≈ 40 µs per call
-        otherwise, the contents' a pass over K. Construction validates and remembers them, so
-        only a buffer replaced (`sw.inputs = t`), edited in place or loaded into since is
-        checked again here."""
-        key = _check_key(index, device, nnz)
-        cached = self.__dict__.get("_checked_index")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        sizes = check_index(index, device, key[1])
-        if not _on_meta(index):  # a meta index holds no contents to check (nor runs a kernel)
-            check_contents(index, "SparsePathWeight")
-        self.__dict__["_checked_index"] = (key, sizes, tuple(index))
-        return sizes
+        """`contract.checked_sizes(index, device, nnz)`: (O, I, P, G) after
+        `contract.check_index` and `layout.check_contents`, remembered (sparse/checked.py)
+        while `index` holds the same tensor objects, unedited. Construction validates and
+        remembers this module's index, so only a buffer replaced (`sw.inputs = t`), edited
+        in place or loaded into since is checked again here."""
+        return checked_sizes(index, device, nnz, "SparsePathWeight")
 
     def _remember_checked(self, device: torch.device) -> None:
         """Record this module's own index (validated by the caller) as checked for values on
-        `device`, so the first call does not validate it again."""
+        `device`, so that no call with it (`estimator`, the custom ops) validates it again."""
         index = self.index
-        key = _check_key(index, device, self.values.numel())
-        self.__dict__["_checked_index"] = (key, (*index.shape, index.groups), tuple(index))
+        if not _on_meta(index):
+            checked.remember(checked.key_of(index, device, self.values.numel()), index,
+                             (*index.shape, index.groups))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -230,19 +223,6 @@ class SparsePathWeight(nn.Module):
         total = out_count * in_count * path_count
         return (f"shape=({out_count}, {in_count}, {path_count}), nnz={self.nnz} "
                 f"({100 * self.nnz / max(total, 1):.3g}%), dtype={self.dtype}")
-
-
-def _check_key(index: KeptIndex, device: torch.device, nnz: int) -> tuple:
-    # ids, not the tensors (a tuple compares elements with ==); the cache holds the tensors
-    # themselves, so no id can be reused by another tensor while it is cached. The version
-    # counters (≈ 0.6 µs for ten) make an in-place edit of a buffer (`sw.inputs[0] = 7`)
-    # a miss, checked again; inference tensors keep none.
-    try:
-        versions = tuple(t._version for t in index)
-    except (AttributeError, RuntimeError):
-        versions = None
-    return (device, nnz, tuple(map(id, index)), versions,
-            tuple(t.shape if isinstance(t, torch.Tensor) else None for t in index))
 
 
 def _check_index_tensors(index: KeptIndex, device: torch.device, who: str,
