@@ -171,8 +171,9 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
         # a torch.autocast region: the dense op's casts (op.py), before the checks, and the
         # custom op below (not the eager route), whose Autocast key runs the backend outside it
         x, act, values, bias = autocast_inputs((x, act, values, bias), x.device.type, dtype)
-    # the remembered checks key on tensor ids and write to the module: eager calls only
-    # (under torch.compile the checks run once, while tracing)
+    # the remembered checks key on tensor ids and versions: eager calls only (under
+    # torch.compile the sizes are checked while tracing, and the compiled code's custom op
+    # call checks the real tensors)
     remembered = None if torch.compiler.is_compiling() else sw.checked_index_sizes
     shape = check_inputs(x, act, values, index, bias, index_check=remembered)
     if impl is None:
