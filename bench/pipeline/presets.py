@@ -37,6 +37,10 @@ class Preset:
     protocol: Protocol
     sizes: dict[str, dict[str, int]]  # per family: train/val/test (A, B) or per_class (C)
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)  # head -> data sets
+    # the progress bar's prior (bench/harness/progress.py): seconds of one unit's process per
+    # unit of `bench.pipeline.runner.unit_cost`, measured on this project's 2-core CPU; the
+    # rate measured as units finish replaces it (None: none until the first finishes)
+    seconds_per_cost: float | None = None
 
     def sources_for(self, head: PaperHead) -> tuple[str, ...]:
         return self.sources.get(head.name, ("synthetic",))
@@ -52,6 +56,13 @@ PRESETS = {
                  probe_steps=4, compile_mlp=False),
         {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 32, "val": 32, "test": 32},
          "C": {"per_class": 16}}),
+    "first-run": Preset(
+        "first-run", ALL, (0, 1),
+        Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,
+                 episodes_per_epoch=50, val_episodes=50, structured=False, timing_repeats=3,
+                 probe_steps=16, compile_mlp=False),
+        {"A": {"train": 4096, "val": 1024, "test": 256},
+         "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}}),
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,
