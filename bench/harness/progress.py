@@ -112,7 +112,12 @@ class EtaBar:
                              self.prior_s_per_cost)
 
     def postfix(self) -> str:
-        eta = format_eta(self.seconds_left())
+        left = self.seconds_left()
+        eta = format_eta(left)
+        if len(self.done) == len(self.costs):
+            eta = "done"
+        elif left is not None and left < 0.5:
+            eta = "running past the estimate"  # the last items cost more than predicted
         return f"{eta}; {self.label}" if self.label else eta
 
     def _draw(self) -> None:

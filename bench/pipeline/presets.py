@@ -4,7 +4,13 @@
            3 seeds, tiny synthetic data, epochs capped at 3 and patience at 2, no structured
            variant, short cost probes, no torch.compile'd MLP step (the engineered protocol's
            MLPs take the hand-fused step). Checks the machinery, measures nothing.
-  default  what `nox -s bench` runs: the six heads at real sizes on synthetic data, 2 seeds,
+  first-run  what `nox -s bench` runs (its first-run preset, sized with the kernel suite for
+           about 15 minutes on 2 CPU cores): the default preset's data, seeds, epoch caps and
+           early stopping, both switches and both protocols, but no structured comparison row,
+           3 interleaved probe rounds of 16 steps (default: 7 of 32), and no torch.compile'd
+           MLP step (the engineered protocol's MLPs take the hand-fused step).
+  default  `glai-bench pipeline`'s and the long kernel preset's (`nox -s bench -- --preset
+           long`): the six heads at real sizes on synthetic data, 2 seeds,
            early stopping decides (epoch caps 150 (A: the A1 MLP was still improving at 60),
            300 (B: B1 seed 1's MLP needs 282 epochs to meet the paper's min delta of 1e-5 on
            the InfoNCE loss, its reduced MLPs 182-189), 200 (C), at least the paper's epochs

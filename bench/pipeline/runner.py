@@ -181,11 +181,11 @@ Done = Callable[[Unit, "tuple[list[dict], str, str, float] | None", str], None]
 
 def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
                    jobs: int, limit_s: float | None, done: Done,
-                   began: Callable[[Unit], None] | None = None) -> None:
+                   on_start: Callable[[Unit], None] | None = None) -> None:
     """Each unit in a fresh process of its own, `jobs` at once, the longest families first;
     one running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
     each ends, status "ok" (outcome its `_run_unit` result), "timed out" or "failed"
-    (outcome None); `began(unit)` as each starts."""
+    (outcome None); `on_start(unit)` as each starts."""
     context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
     waiting = sorted(units, key=_family_first)
     running: dict[Unit, tuple[multiprocessing.process.BaseProcess, float, pathlib.Path]] = {}
@@ -199,8 +199,8 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
                                               args=(preset, unit, data_files, threads, result))
                     process.start()
                     running[unit] = (process, time.monotonic(), result)
-                    if began is not None:
-                        began(unit)
+                    if on_start is not None:
+                        on_start(unit)
                 time.sleep(0.05)
                 for unit, (process, began, result) in list(running.items()):
                     if process.is_alive():

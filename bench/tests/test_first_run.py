@@ -164,9 +164,14 @@ def test_eta_bar_counts_down_by_cost_and_items_end_in_any_order():
             bar.finish("c")
         with pytest.raises(KeyError, match="'z'"):
             bar.start("z")
+        clock.now += 10  # b overruns: no "0 s left" while it runs
+        assert bar.seconds_left() == 0.0
+        assert bar.postfix() == "running past the estimate; second"
         bar.update()  # the oldest unfinished: a
         assert bar.done == {"a", "c"}
-    assert "left" in out.getvalue() and "2/3" in out.getvalue()
+        bar.finish("b")
+        assert bar.postfix() == "done; second"
+    assert "left" in out.getvalue() and "2/3" in out.getvalue() and "3/3" in out.getvalue()
 
 
 def test_eta_bar_ticks_while_an_item_runs():
@@ -284,3 +289,33 @@ def test_nox_bench_builds_the_extension_as_a_phase_and_prints_the_total(monkeypa
     assert [line.split("  ")[1] for line in logs[1:4]] == [
         "venv and install", "extension build (python -m glai_kernels)",
         "glai-bench run (its phases above)"]
+
+
+def test_units_in_processes_tell_the_bar_each_start(monkeypatch):
+    # three units, two at a time: the third starts after the first ends (a parameter once
+    # shadowed by the loop's start time failed exactly there, "'float' object is not callable")
+    class Inline:  # a "process" that runs its target when started
+        def __init__(self, target, args, daemon):
+            self.target, self.args, self.exitcode = target, args, None
+
+        def start(self):
+            self.target(*self.args)
+            self.exitcode = 0
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    monkeypatch.setattr(pipeline_runner.multiprocessing, "get_context",
+                        lambda kind: types.SimpleNamespace(Process=Inline))
+    monkeypatch.setattr(pipeline_runner, "_run_unit",
+                        lambda preset, unit, files, threads: ([{"seed": unit.seed}], "d", "", 0.0))
+    preset = pipeline_presets.PRESETS["first-run"]
+    units = [pipeline_runner.Unit(PAPER_HEADS["A1"], "synthetic", s) for s in range(3)]
+    started, ended = [], []
+    pipeline_runner._run_processes(preset, units, {}, 1, 2, None,
+                                   lambda unit, outcome, status: ended.append((unit, status)),
+                                   started.append)
+    assert started == units and [status for _, status in ended] == ["ok"] * 3
