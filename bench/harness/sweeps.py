@@ -263,6 +263,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         rounds=5,
         max_call_s=0.5,
         peers=ALL_PEERS,
+        # a fresh clone's run: 1,186 s of cases for 2.22e10 of case_cost at load 5-8
+        # (docs/notes/benchmarks.md, "A first run in 15 minutes ..."); quiet is faster
+        seconds_per_cost=5.3e-8,
     ),
     Preset(
         name="long",

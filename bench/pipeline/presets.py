@@ -68,7 +68,10 @@ PRESETS = {
                  episodes_per_epoch=50, val_episodes=50, structured=False, timing_repeats=3,
                  probe_steps=16, compile_mlp=False),
         {"A": {"train": 4096, "val": 1024, "test": 256},
-         "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}}),
+         "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}},
+        # a fresh clone's first B1 unit: 512 s for 1.11e12 of unit_cost, two units at once at
+        # load 4-5 (docs/notes/benchmarks.md, "A first run in 15 minutes ..."); quiet is faster
+        seconds_per_cost=4.6e-10),
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,
