@@ -11,8 +11,10 @@ set it to the build that matches the driver, e.g. GLAI_TORCH="torch --index-url 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
+from pathlib import Path
 
 import nox
 
@@ -20,6 +22,21 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_venv = "yes"
 
 TORCH = os.environ.get("GLAI_TORCH", "torch==2.13.0")
+
+
+def _progress_module():
+    """bench/harness/progress.py by its path (standard library only: nox's own Python has no
+    torch), for the bench session's phase times."""
+    path = Path(__file__).resolve().parent / "bench" / "harness" / "progress.py"
+    spec = importlib.util.spec_from_file_location("_glai_progress", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# made when nox reads this file, before it builds any virtual environment: the bench session's
+# first phase (the venv and the install) is timed from here
+_PHASES = _progress_module().Phases()
 
 
 def _install(session: nox.Session, extras: str) -> None:
@@ -51,12 +68,22 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite on the default preset and whatever device is present;
-    `nox -s bench -- --preset quick|default|full --backends ... --device ...`. The run's
-    dispatch table (measured winners) is installed into glai_kernels/dispatch/, so `auto`
-    follows this machine's measurements from then on."""
+    """The benchmark suite on the first-run preset (about 15 minutes on 2 CPU cores: the
+    paper's heads at the paper's batch with the peers, the kept-fraction crossover, the
+    pipeline's two-protocol tables) and whatever device is present; `nox -s bench --
+    --preset quick|first-run|long|full --backends ... --device ...`. The run's dispatch table
+    (measured winners) is installed into glai_kernels/dispatch/, so `auto` follows this
+    machine's measurements from then on. Ends with the seconds of each phase and the total."""
     _install(session, "bench")
-    session.run("glai-bench", "run", "--install-dispatch", *session.posargs)
+    _PHASES.add("venv and install", _PHASES.total())
+    # the C++ extension builds on first use: here, as a phase of its own (the command also
+    # lists every backend's availability)
+    with _PHASES.phase("extension build (python -m glai_kernels)"):
+        session.run("python", "-m", "glai_kernels")
+    with _PHASES.phase("glai-bench run (its phases above)"):
+        session.run("glai-bench", "run", "--install-dispatch", *session.posargs)
+    for line in _PHASES.lines("nox -s bench"):
+        session.log(line)
 
 
 @nox.session

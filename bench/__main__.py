@@ -3,9 +3,11 @@ command line. `glai-bench COMMAND --help` describes each command; with no comman
 options only, `run` is meant (`python -m bench --preset quick` is `glai-bench run --preset
 quick`).
 
-`run` (also `nox -s bench -- ARGS`): the kernel suite, then the GLAI pipeline.
+`run` (also `nox -s bench -- ARGS`): the kernel suite, then the GLAI pipeline, then the seconds
+each phase took and the total.
 
-    glai-bench run                                  # default preset, CUDA if present
+    glai-bench run                                  # first-run preset, CUDA if present
+    glai-bench run --preset long                    # the long sweeps (hours on 2 CPU cores)
     glai-bench run --preset quick --backends torch,compile --dtypes float32
     glai-bench run --suite kernels --device cpu --out /tmp/bench
     glai-bench run --suite kernels --sweeps heads --heads A1 --batches 256 --passes both
@@ -44,7 +46,8 @@ from bench.cli_types import (
 from bench.harness import shards
 from bench.harness.energy import MIN_WINDOW_S
 from bench.harness.passes import DTYPES
-from bench.harness.sweeps import ALL_PASSES, PRESETS
+from bench.harness.progress import Phases
+from bench.harness.sweeps import ALIASES, ALL_PASSES, DEFAULT_PRESET, PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,8 +95,11 @@ def _names(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glai-bench run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="which sweeps and how long to time (default: default)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET,
+                   help="which sweeps and how long to time, and the pipeline preset run after "
+                        f"them (default: {DEFAULT_PRESET}, about 15 minutes on 2 CPU cores; "
+                        "long and full: the complete sweeps; "
+                        + ", ".join(f"{a} is {n}" for a, n in ALIASES.items()) + ")")
     p.add_argument("--suite", choices=("kernels", "pipeline", "all"), default="all",
                    help="kernel benchmarks, the GLAI pipeline, or both (default: all)")
     p.add_argument("--backends", type=_names, default=None,
@@ -153,7 +159,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_pipeline(preset: str, out_dir: Path, shard: shards.Shard | None = None) -> bool:
-    """Run bench.pipeline.run when that package exists (only `shard`'s units, into
+    """Run bench.pipeline.run on the pipeline preset `preset` (a name of
+    bench/pipeline/presets.py) when that package exists (only `shard`'s units, into
     out_dir/shard-K-of-N, when given); False when it does not."""
     if importlib.util.find_spec("bench.pipeline") is None:
         print("pipeline suite: bench/pipeline is not present; skipped")
@@ -229,8 +236,11 @@ def unexpected(command: str, error: Exception) -> str:
 
 def run(argv: list[str]) -> int:
     """`glai-bench run`: the kernel suite, then the pipeline suite."""
+    phases = Phases()
     p = parser()
     args = p.parse_args(argv)
+    if args.preset in ALIASES:
+        print(f"note: preset {args.preset!r} is now named {ALIASES[args.preset]!r}")
     try:
         shard = shards.resolve(args.shard)
     except ValueError as e:  # a launcher's variable that is not a shard
@@ -269,8 +279,11 @@ def run(argv: list[str]) -> int:
             print(f"glai-bench run: error: {e}", file=sys.stderr)
             return 2
         print(f"kernel suite: {len(output.table)} rows in {time.perf_counter() - started:.0f} s")
+        for name, seconds in output.meta.get("phases", {}).items():
+            phases.add(f"kernel suite: {name}", seconds)
         for path in output.files:
             print(f"  wrote {path}")
+        history_started = time.perf_counter()
         if not args.no_history and shard is None:  # a shard is part of a run: merge it
             from bench.reporting import history
 
@@ -286,8 +299,13 @@ def run(argv: list[str]) -> int:
                     print(f"  wrote {page}")
                 except (OSError, ValueError) as e:
                     print(f"python -m bench: dashboard not rendered: {e}", file=sys.stderr)
+            phases.add("history and dashboard", time.perf_counter() - history_started)
     if args.suite in ("pipeline", "all"):
-        run_pipeline(args.preset, args.pipeline_out, shard)
+        pipeline = PRESETS[args.preset].pipeline_preset
+        print(f"pipeline: the {pipeline} preset")
+        with phases.phase(f"pipeline ({pipeline} preset)"):
+            run_pipeline(pipeline, args.pipeline_out, shard)
+    print("\n".join(phases.lines("glai-bench run")))
     return 0
 
 

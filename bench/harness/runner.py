@@ -15,6 +15,7 @@ A shape that belongs to several sweeps is measured once and reported under each.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -243,38 +244,58 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
     return fn, warm
 
 
-def run_cases(ctx: Context, cases: list[Case], progress: bool = True) -> list[dict]:
-    """Rows (one per case × pass × backend) of raw measurements, in the cases' order."""
-    from tqdm.auto import tqdm
+def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
+              cost: Callable[[Case], float] | None = None,
+              prior_s_per_cost: float | None = None) -> list[dict]:
+    """Rows (one per case × pass × backend) of raw measurements, in the cases' order. The
+    progress bar's estimate of the time left weighs each shape by `cost` (a Case with all
+    the passes its shape is measured for; None: every shape alike), `prior_s_per_cost`
+    seconds a unit of it before the first shape ends (bench/harness/progress.py)."""
+    from bench.harness.progress import EtaBar
 
     groups: dict[tuple[Shape, str, float | None], list[Case]] = {}
     for case in cases:
         groups.setdefault((case.shape, case.dtype, case.mu), []).append(case)
+    passes_of = {key: tuple(dict.fromkeys(p for c in members for p in c.passes))
+                 for key, members in groups.items()}
+    costs = {key: 1.0 if cost is None else cost(dataclasses.replace(members[0],
+                                                                    passes=passes_of[key]))
+             for key, members in groups.items()}
     rows = []
-    bar = tqdm(groups.items(), desc="bench", unit="shape", disable=not progress)
-    for (shape, dtype_name, mu), members in bar:
-        bar.set_postfix_str(f"{members[0].head} B={shape.batch} I={shape.inputs} "
-                            f"P={shape.paths} O={shape.outputs} {dtype_name}"
-                            + ("" if mu is None else f" mu={100 * mu:.3g}%"))
-        passes = list(dict.fromkeys(p for c in members for p in c.passes))
-        if past(ctx.deadline):
-            names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
-            measured = {(p, b): skip(TIME_LIMIT_NOTE) for p in passes for b in names}
-        elif mu is None:
-            measured = measure_shape(ctx, shape, dtype_name, passes,
-                                     list(dict.fromkeys(c.sweep for c in members)))
-        else:  # a kept-fraction case: its own backends (sparse, dense, the MLP)
-            measured = kept.measure(ctx, members[0].head, shape, dtype_name, mu, passes)
-        for case in members:
-            for (p, b), m in measured.items():
-                if p in case.passes:
-                    rows.append({"sweep": case.sweep, "head": case.head, "backend": b,
-                                 **shape.as_dict(), "dtype": dtype_name, "pass": p,
-                                 "device": ctx.device.type, "mu": mu, **m})
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
-        else:
-            ctx.ceilings = ceilings_mod.refresh(ctx.ceilings, ctx.device)
+    with EtaBar(costs, desc="bench", unit="shape", disable=not progress,
+                prior_s_per_cost=prior_s_per_cost) as bar:
+        for key, members in groups.items():
+            shape, dtype_name, mu = key
+            bar.start(key, f"{members[0].head} B={shape.batch} I={shape.inputs} "
+                           f"P={shape.paths} O={shape.outputs} {dtype_name}"
+                           + ("" if mu is None else f" mu={100 * mu:.3g}%"))
+            rows += _run_group(ctx, members, list(passes_of[key]))
+            bar.finish(key)
+    return rows
+
+
+def _run_group(ctx: Context, members: list[Case], passes: list[str]) -> list[dict]:
+    """The rows of one (shape, dtype, μ) measured once for every case that holds it."""
+    shape, dtype_name, mu = members[0].shape, members[0].dtype, members[0].mu
+    if past(ctx.deadline):
+        names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
+        measured = {(p, b): skip(TIME_LIMIT_NOTE) for p in passes for b in names}
+    elif mu is None:
+        measured = measure_shape(ctx, shape, dtype_name, passes,
+                                 list(dict.fromkeys(c.sweep for c in members)))
+    else:  # a kept-fraction case: its own backends (sparse, dense, the MLP)
+        measured = kept.measure(ctx, members[0].head, shape, dtype_name, mu, passes)
+    rows = []
+    for case in members:
+        for (p, b), m in measured.items():
+            if p in case.passes:
+                rows.append({"sweep": case.sweep, "head": case.head, "backend": b,
+                             **shape.as_dict(), "dtype": dtype_name, "pass": p,
+                             "device": ctx.device.type, "mu": mu, **m})
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        ctx.ceilings = ceilings_mod.refresh(ctx.ceilings, ctx.device)
     return rows
 
 

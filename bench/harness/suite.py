@@ -1,9 +1,11 @@
 """The kernel suite end to end: backends, ceilings, every case, then the report files.
 
-    run(preset="default", device="cpu", out_dir=Path("reports/bench/cpu"))
+    run(preset="first-run", device="cpu", out_dir=Path("reports/bench/cpu"))
     -> RunOutput with the table and the paths written
 
-Writes into `out_dir`: results.csv, results.json, summary.md and plots/*.png.
+Writes into `out_dir`: results.csv, results.json, summary.md and plots/*.png. The seconds of
+each phase (set-up, ceilings, the cases, the closing ceilings, the reports) are in
+meta["phases"].
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from bench.harness import ceilings as ceilings_mod
 from bench.harness import kept, memory, peers, provenance, results, shards
 from bench.harness.energy import MIN_WINDOW_S, EnergyMeter
 from bench.harness.passes import dtype_of
+from bench.harness.progress import Phases
 from bench.harness.runner import Context, cases_for, past, run_cases, select_backends
-from bench.harness.sweeps import PRESETS, Case, Preset
+from bench.harness.sweeps import DEFAULT_PRESET, PRESETS, Case, Preset
 from glai_kernels import registry
 from glai_kernels.sparse import SPARSE_ESTIMATOR
 
@@ -90,7 +93,7 @@ def check_arguments(*, threads: int | None, rounds: int | None, min_time_s: floa
             raise ValueError(f"batches must be positive, got {batch!r}")
 
 
-def run(preset: str | Preset = "default", *, device: str | None = None,
+def run(preset: str | Preset = DEFAULT_PRESET, *, device: str | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         passes: Sequence[str] | None = None, heads: Sequence[str] | None = None,
         batches: Sequence[int] | None = None, sweeps: Sequence[str] | None = None,
@@ -119,6 +122,7 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     ValueError when it has none) and names it in the provenance.
     """
     started = time.perf_counter()
+    phases = Phases()
     check_arguments(threads=threads, rounds=rounds, min_time_s=min_time_s,
                     max_call_s=max_call_s, time_limit_s=time_limit_s,
                     energy_window_s=energy_window_s, batches=batches)
@@ -165,17 +169,23 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
     log(f"{preset.name} preset on {info['machine']} ({info['device_name']}): "
         f"{len(cases)} cases, backends {', '.join(names)}"
         + (f", peers {', '.join(peer_run)}" if peer_run else "") + "; measuring ceilings")
-    ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
+    phases.add("set-up", phases.total())  # backends (and the extension's build), provenance
+    with phases.phase("ceilings"):
+        ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
     meter = EnergyMeter(dev, energy_window_s)
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
                   sparse_backends=sparse_requested or None, peers=peer_run, deadline=deadline)
-    rows = run_cases(ctx, cases, progress=progress)
+    with phases.phase("cases"):
+        rows = run_cases(ctx, cases, progress=progress, cost=case_cost,
+                         prior_s_per_cost=preset.seconds_per_cost)
     if past(deadline):
         log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by then "
             "are in the results as skipped")
     log("measuring the ceilings again")
-    ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s))
+    with phases.phase("ceilings"):
+        ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes,
+                                                             preset.ceiling_time_s))
     info["load_average_end"] = provenance.load_average()
     table = results.table(rows, ceilings, info)
     meta = {
@@ -196,10 +206,12 @@ def run(preset: str | Preset = "default", *, device: str | None = None,
         "memory_method": memory.MEMORY_METHOD[dev.type],
         "energy": meter.describe(),
         "elapsed_s": round(time.perf_counter() - started, 1),
+        "phases": phases.seconds,
     }
     output = RunOutput(table, meta)
     if out_dir is not None:
-        output.files.extend(write_reports(table, meta, out_dir, install_dispatch, plots))
+        with phases.phase("reports"):
+            output.files.extend(write_reports(table, meta, out_dir, install_dispatch, plots))
         meta["elapsed_s"] = round(time.perf_counter() - started, 1)
     return output
 

@@ -16,6 +16,17 @@ A `KeptSweep` varies the kept fraction μ of a pruned estimator at each head's o
 instead (issue 13; `bench.harness.kept` measures it): the sparse op's backends, the dense op on the
 masked weight and the MLP the head replaces, for the passes `forward` and `step` (a whole
 training step); its cases carry `mu`.
+
+The presets (each also names the pipeline preset `glai-bench run` runs after it):
+  quick      CI's smoke run and the regression gate's cases;
+  first-run  `nox -s bench`'s default, sized for about 15 minutes on 2 CPU cores from a fresh
+             clone: the six heads at the paper's batch with every backend and peer, the kept
+             fraction at each head's matched μ and a few μ around the crossovers, then the
+             pipeline's first-run preset (docs/notes/benchmarks.md, "A first run in 15
+             minutes (issue 41 item 3, stop 45)");
+  long       the complete CPU sweeps (hours on 2 cores; formerly `default`, a name kept as
+             an alias);
+  full       for GPUs: more batches, axes and dtypes.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from glai_kernels.contract import Shape
+from glai_kernels.glai.paper_training import paper_training
 from glai_kernels.paper_heads import PAPER_HEADS, PaperHead
 
 AXES: tuple[str, ...] = ("batch", "inputs", "paths", "outputs")
@@ -156,6 +168,16 @@ class Preset:
     max_call_s: float = 2.0
     ceiling_time_s: float = 0.3
     peers: tuple[str, ...] = ()
+    # the pipeline preset (bench/pipeline/presets.py) `glai-bench run` runs after the kernel
+    # suite; None: the one of the same name
+    pipeline: str | None = None
+    # the progress bar's prior (bench/harness/progress.py): seconds per unit of
+    # `bench.harness.suite.case_cost` on this project's 2-core CPU, until the first shape ends
+    seconds_per_cost: float | None = None
+
+    @property
+    def pipeline_preset(self) -> str:
+        return self.pipeline or self.name
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,23 @@ def _axis_sweeps(head: str, batch: int, values: dict[str, tuple[int, ...]],
                        (head,), axis, vals, batch=batch, **kwargs)
                  for axis, vals in values.items())
 
+
+def paper_batch_sweeps(heads: tuple[str, ...] = tuple(PAPER_HEADS),
+                       **kwargs) -> tuple[Sweep, ...]:
+    """The `heads` sweep at each head's paper batch (`paper_training(head).batch_size`: 16,
+    C2 32): one Sweep per batch, heads in PAPER_HEADS order."""
+    by_batch: dict[int, list[str]] = {}
+    for head in heads:
+        by_batch.setdefault(paper_training(PAPER_HEADS[head]).batch_size, []).append(head)
+    return tuple(Sweep("heads", tuple(names), "batch", (batch,), **kwargs)
+                 for batch, names in by_batch.items())
+
+
+# the first-run preset's kept fractions besides each head's matched μ: 1% for the sparse
+# forward's target (B1, B2 at B = 16), and 10%, 50%, 100% to bracket the crossovers (the
+# committed sweep put the forward's between 20% and 40%, the step's between 43% and 96% or
+# beyond 100%: docs/notes/sparse.md, "Current state")
+FIRST_RUN_MUS: tuple[float, ...] = (0.01, 0.10, 0.50, 1.0)
 
 _A1_AXES = {
     "batch": (1, 4, 16, 64, 256, 1024, 4096),
@@ -204,7 +243,32 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         # its only peer
     ),
     Preset(
-        name="default",
+        name="first-run",
+        description="what `nox -s bench` runs, sized for about 15 minutes on 2 CPU cores: "
+                    "the six heads at the paper's batch (16; C2 32), float32, the passes auto "
+                    "dispatches (forward, forward+backward, train), every backend and the "
+                    "peers; the kept fraction at each "
+                    "head's matched μ and at 1%, 10%, 50%, 100% (paper batch; sparse "
+                    "against dense against the MLP, forward and training step); then the "
+                    "pipeline's first-run preset",
+        sweeps=(
+            *paper_batch_sweeps(),
+            KeptSweep("kept_fraction", tuple(PAPER_HEADS), batches=(), mus=FIRST_RUN_MUS),
+        ),
+        # bfloat16 doubles the heads' time (`--dtypes float32,bfloat16` adds it), and the
+        # backward pass alone serves no mode of auto: both left to the long preset
+        dtypes=("float32",),
+        passes=("forward", "both", "train"),
+        min_time_s=0.1,
+        rounds=5,
+        max_call_s=0.5,
+        peers=ALL_PEERS,
+        # a fresh clone's run: 1,186 s of cases for 2.22e10 of case_cost at load 5-8
+        # (docs/notes/benchmarks.md, "A first run in 15 minutes ..."); quiet is faster
+        seconds_per_cost=5.3e-8,
+    ),
+    Preset(
+        name="long",
         description="the six heads at B in {16, 32, 256, 4096} (float32) and {16, 32} "
                     "(bfloat16), all passes; one-axis sweeps of B, I, P, O around A1 at "
                     "B = 256 (float32; forward and forward+backward); the kept fraction "
@@ -223,6 +287,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         rounds=5,
         max_call_s=0.5,
         peers=ALL_PEERS,
+        pipeline="default",
     ),
     Preset(
         name="full",
@@ -246,6 +311,13 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         peers=ALL_PEERS,
     ),
 )}
+
+
+# `nox -s bench`'s preset, and the former name of `long` (scripts such as bench/tools/on_gpu.sh
+# still say `--preset default`)
+DEFAULT_PRESET = "first-run"
+ALIASES: dict[str, str] = {"default": "long"}
+PRESETS.update({alias: PRESETS[name] for alias, name in ALIASES.items()})
 
 
 def expand(preset: Preset, dtypes: tuple[str, ...] | None = None,

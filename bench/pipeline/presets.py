@@ -4,7 +4,13 @@
            3 seeds, tiny synthetic data, epochs capped at 3 and patience at 2, no structured
            variant, short cost probes, no torch.compile'd MLP step (the engineered protocol's
            MLPs take the hand-fused step). Checks the machinery, measures nothing.
-  default  what `nox -s bench` runs: the six heads at real sizes on synthetic data, 2 seeds,
+  first-run  what `nox -s bench` runs (its first-run preset, sized with the kernel suite for
+           about 15 minutes on 2 CPU cores): the default preset's data, seeds, epoch caps and
+           early stopping, both switches and both protocols, but no structured comparison row,
+           3 interleaved probe rounds of 16 steps (default: 7 of 32), and no torch.compile'd
+           MLP step (the engineered protocol's MLPs take the hand-fused step).
+  default  `glai-bench pipeline`'s and the long kernel preset's (`nox -s bench -- --preset
+           long`): the six heads at real sizes on synthetic data, 2 seeds,
            early stopping decides (epoch caps 150 (A: the A1 MLP was still improving at 60),
            300 (B: B1 seed 1's MLP needs 282 epochs to meet the paper's min delta of 1e-5 on
            the InfoNCE loss, its reduced MLPs 182-189), 200 (C), at least the paper's epochs
@@ -37,6 +43,10 @@ class Preset:
     protocol: Protocol
     sizes: dict[str, dict[str, int]]  # per family: train/val/test (A, B) or per_class (C)
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)  # head -> data sets
+    # the progress bar's prior (bench/harness/progress.py): seconds of one unit's process per
+    # unit of `bench.pipeline.runner.unit_cost`, measured on this project's 2-core CPU; the
+    # rate measured as units finish replaces it (None: none until the first finishes)
+    seconds_per_cost: float | None = None
 
     def sources_for(self, head: PaperHead) -> tuple[str, ...]:
         return self.sources.get(head.name, ("synthetic",))
@@ -52,6 +62,16 @@ PRESETS = {
                  probe_steps=4, compile_mlp=False),
         {"A": {"train": 96, "val": 64, "test": 64}, "B": {"train": 32, "val": 32, "test": 32},
          "C": {"per_class": 16}}),
+    "first-run": Preset(
+        "first-run", ALL, (0, 1),
+        Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,
+                 episodes_per_epoch=50, val_episodes=50, structured=False, timing_repeats=3,
+                 probe_steps=16, compile_mlp=False),
+        {"A": {"train": 4096, "val": 1024, "test": 256},
+         "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}},
+        # a fresh clone's first B1 unit: 512 s for 1.11e12 of unit_cost, two units at once at
+        # load 4-5 (docs/notes/benchmarks.md, "A first run in 15 minutes ..."); quiet is faster
+        seconds_per_cost=4.6e-10),
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,

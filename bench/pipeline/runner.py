@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from tqdm import tqdm
 
 from bench.harness import shards
+from bench.harness.progress import EtaBar
 from bench.pipeline import report
 from bench.pipeline.data import digits, load_embeddings, synthetic
 from bench.pipeline.presets import PRESETS, Preset
@@ -180,11 +180,12 @@ Done = Callable[[Unit, "tuple[list[dict], str, str, float] | None", str], None]
 
 
 def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
-                   jobs: int, limit_s: float | None, done: Done) -> None:
+                   jobs: int, limit_s: float | None, done: Done,
+                   on_start: Callable[[Unit], None] | None = None) -> None:
     """Each unit in a fresh process of its own, `jobs` at once, the longest families first;
     one running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
     each ends, status "ok" (outcome its `_run_unit` result), "timed out" or "failed"
-    (outcome None)."""
+    (outcome None); `on_start(unit)` as each starts."""
     context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
     waiting = sorted(units, key=_family_first)
     running: dict[Unit, tuple[multiprocessing.process.BaseProcess, float, pathlib.Path]] = {}
@@ -198,6 +199,8 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
                                               args=(preset, unit, data_files, threads, result))
                     process.start()
                     running[unit] = (process, time.monotonic(), result)
+                    if on_start is not None:
+                        on_start(unit)
                 time.sleep(0.05)
                 for unit, (process, began, result) in list(running.items()):
                     if process.is_alive():
@@ -252,7 +255,7 @@ class _Collector:
             self.timed_out.append(unit_label(unit))
         else:
             self.failed.append(unit_label(unit))
-        self.bar.update()
+        self.bar.finish(unit)
         if len(self.records) + len(self.timed_out) + len(self.failed) < len(self.units):
             self.write(partial=True)
 
@@ -341,12 +344,16 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
         **({"shard": shard.provenance()} if shard else {}),
         **({"unit_time_limit_s": unit_time_limit_s} if unit_time_limit_s else {}),
     }
-    with tqdm(total=len(units), desc=f"GLAI pipeline ({preset.name})",
-              unit="run", disable=not progress) as bar:
+    # the bar's estimate of the time left weighs each unit by unit_cost (its prior: the
+    # preset's measured seconds per unit of cost, scaled by the units run at once)
+    prior = (None if preset.seconds_per_cost is None
+             else preset.seconds_per_cost / min(jobs, len(units)))
+    with EtaBar({u: unit_cost(preset, u) for u in units}, desc=f"GLAI pipeline ({preset.name})",
+                unit="run", disable=not progress, prior_s_per_cost=prior) as bar:
         collector = _Collector(preset, out_dir, units, meta, bar)
         if jobs > 1 or unit_time_limit_s is not None:
             _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,
-                           collector.done)
+                           collector.done, lambda unit: bar.start(unit, unit_label(unit)))
         else:
             warm_up(preset)
             loaded = {}
@@ -356,7 +363,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
                     loaded[key] = load_data(unit.head, unit.source, preset, data_files)
                     warm_up_shapes(unit.head, loaded[key], preset.protocol)
                 data = loaded[key]
-                bar.set_postfix_str(f"{unit.head.name} on {data.name}, seed {unit.seed}")
+                bar.start(unit, f"{unit.head.name} on {data.name}, seed {unit.seed}")
                 records = run_head(unit.head, data, unit.seed, preset.protocol)
                 collector.done(unit, (records, data.name, data.description, 0.0), "ok")
     collector.write()

@@ -216,6 +216,9 @@ class _NoBar:
     def update(self) -> None:
         pass
 
+    def finish(self, unit) -> None:  # bench.harness.progress.EtaBar's: a unit ended
+        pass
+
 
 def test_a_unit_past_its_time_limit_is_stopped_and_named(tmp_path):
     # far too short for a unit (its process alone takes seconds to start): the run ends,

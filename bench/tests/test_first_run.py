@@ -1,0 +1,321 @@
+"""The first run (issue 41, item 3): `nox -s bench`'s preset, the estimate of the time left on
+every progress bar (bench/harness/progress.py), and the phase times and total the job prints
+(bench/__main__.py, noxfile.py). Cheap: the one kernel run is a one-shape tiny preset."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as cli
+from bench.harness import peers
+from bench.harness.passes import PASSES
+from bench.harness.progress import EtaBar, Phases, format_duration, format_eta, time_left
+from bench.harness.sweeps import (
+    ALIASES,
+    ALL_PEERS,
+    DEFAULT_PRESET,
+    FIRST_RUN_MUS,
+    KEPT_PASSES,
+    PAPER_BATCHES,
+    PRESETS,
+    Preset,
+    Sweep,
+    expand,
+    matched_mu,
+)
+from bench.pipeline import presets as pipeline_presets
+from bench.pipeline import runner as pipeline_runner
+from glai_kernels import dispatch
+from glai_kernels.glai import paper_training
+from glai_kernels.paper_heads import PAPER_HEADS
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST = PRESETS["first-run"]
+
+
+# ---------------------------------------------------------------- the first-run preset
+
+def test_first_run_is_the_default_of_the_command_and_of_nox():
+    assert DEFAULT_PRESET == "first-run"
+    assert cli.parser().parse_args([]).preset == "first-run"
+    # and `nox -s bench` passes no --preset (test_nox_bench_...): the command's default is
+    # the job's
+
+
+def test_first_run_times_the_six_heads_at_the_paper_batch_with_every_peer():
+    heads = [c for c in expand(FIRST) if c.mu is None]
+    assert {c.sweep for c in heads} == {"heads"}
+    want = {(h, paper_training(spec).batch_size) for h, spec in PAPER_HEADS.items()}
+    assert ("C2", 32) in want and ("A1", 16) in want
+    assert {(c.head, c.shape.batch) for c in heads} == want
+    assert all(c.shape == PAPER_HEADS[c.head].shape(c.shape.batch) for c in heads)
+    assert {c.dtype for c in heads} == {"float32"}
+    # the passes auto dispatches on (its modes), so the run's dispatch table covers them all
+    assert all(c.passes == dispatch.MODES for c in heads)
+    assert set(dispatch.MODES) <= set(PASSES)
+    # every backend: the preset names none (the registry's all run), and every peer joins
+    # the heads sweep
+    assert not hasattr(FIRST, "backends")
+    assert FIRST.peers == ALL_PEERS
+    assert peers.for_sweeps([peers.get(p).name for p in FIRST.peers], ["heads"]) == [
+        peers.get(p).name for p in ALL_PEERS]
+
+
+def test_first_run_keeps_each_heads_matched_mu_and_brackets_the_crossover():
+    kept = [c for c in expand(FIRST) if c.mu is not None]
+    for head, spec in PAPER_HEADS.items():
+        mine = [c for c in kept if c.head == head]
+        # the paper batch only, the head's own shape
+        assert {c.shape for c in mine} == {spec.shape(paper_training(spec).batch_size)}
+        assert sorted(c.mu for c in mine) == sorted({*FIRST_RUN_MUS, matched_mu(spec)})
+        assert all(c.passes == KEPT_PASSES and c.dtype == "float32" for c in mine)
+    # the summary's forward target (B1, B2 at mu = 1%, B = 16) and a crossover bracket on
+    # each side of the committed crossovers (forward 20-40%, step 43-96%)
+    assert 0.01 in FIRST_RUN_MUS and min(FIRST_RUN_MUS) < 0.2 and max(FIRST_RUN_MUS) == 1.0
+    assert any(0.4 < mu < 1.0 for mu in FIRST_RUN_MUS)
+
+
+def test_every_kernel_preset_names_a_pipeline_preset():
+    for name, preset in PRESETS.items():
+        assert preset.pipeline_preset in pipeline_presets.PRESETS, name
+    assert FIRST.pipeline_preset == "first-run"
+
+
+def test_the_first_run_pipeline_has_both_protocols_the_six_heads_and_twelve_pairs():
+    pipe = pipeline_presets.PRESETS["first-run"]
+    assert [h.name for h in pipe.heads] == list(PAPER_HEADS)
+    assert len(pipe.seeds) >= 2  # 6 heads x 2 seeds: the Wilcoxon tests' 12 pairs
+    assert pipe.protocol.engineered and set(pipe.protocol.switches) == {"fixed", "auto"}
+    # the same data and early stopping as the default preset: only the probes are shorter
+    default = pipeline_presets.PRESETS["default"]
+    assert pipe.sizes == default.sizes
+    for family in ("A", "B", "C"):
+        head = next(h for h in PAPER_HEADS.values() if h.family == family)
+        assert pipe.protocol.epoch_cap(head) == default.protocol.epoch_cap(head)
+    assert pipe.seconds_per_cost is None or pipe.seconds_per_cost > 0
+
+
+def test_long_is_the_former_default_and_default_still_names_it(capsys):
+    assert ALIASES == {"default": "long"} and PRESETS["default"] is PRESETS["long"]
+    long = PRESETS["long"]
+    grid = {(c.head, c.shape.batch) for c in expand(long) if c.sweep == "heads"}
+    assert grid == {(h, b) for h in PAPER_HEADS for b in PAPER_BATCHES}
+    assert long.pipeline_preset == "default"
+    assert cli.main(["--preset", "default", "--suite", "kernels", "--heads", "Z9"]) == 2
+    assert "now named 'long'" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the estimate of the time left
+
+def test_format_duration_and_eta():
+    assert format_duration(0.4) == "0 s"
+    assert format_duration(42.4) == "42 s"
+    assert format_duration(185) == "3 min 05 s"
+    assert format_duration(3725) == "1 h 02 min"
+    assert format_duration(-3) == "0 s"
+    assert format_eta(185) == "about 3 min 05 s left"
+    assert format_eta(None) == "estimating the time left"
+    with pytest.raises(ValueError, match="seconds"):
+        format_duration(float("nan"))
+
+
+def test_time_left_weighs_items_by_cost():
+    # 1 of 4 cost units done in 2 s: 2 s a unit, 8 s in all, 6 s left at t = 2
+    assert time_left(4, 1, 1, 2.0, 2.0) == pytest.approx(6.0)
+    # the 3-unit item began at t = 2; at t = 5, 3 s left
+    assert time_left(4, 1, 4, 5.0, 2.0) == pytest.approx(3.0)
+    # it overruns: never below what has not started
+    assert time_left(4, 1, 4, 20.0, 2.0) == 0.0
+    assert time_left(10, 1, 4, 20.0, 2.0) == pytest.approx(12.0)
+    # nothing finished: the prior, or no estimate
+    assert time_left(4, 0, 1, 1.0, 0.0, prior_s_per_cost=0.5) == pytest.approx(1.5)
+    assert time_left(4, 0, 1, 1.0, 0.0) is None
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_eta_bar_counts_down_by_cost_and_items_end_in_any_order():
+    clock, out = FakeClock(), io.StringIO()
+    with EtaBar({"a": 1.0, "b": 3.0, "c": 1.0}, desc="t", unit="item", tick_s=0, clock=clock,
+                file=out) as bar:
+        assert bar.seconds_left() is None and "estimating" in bar.postfix()
+        bar.start("a", "first")
+        bar.start("c", "third")
+        clock.now += 2
+        bar.finish("c")  # out of order: 1 unit in 2 s
+        assert bar.seconds_left() == pytest.approx(5 * 2 - 2)
+        bar.start("b", "second")
+        clock.now += 3
+        assert bar.seconds_left() == pytest.approx(5 * 2 - 5)
+        assert bar.postfix() == "about 5 s left; second"
+        with pytest.raises(ValueError, match="twice"):
+            bar.finish("c")
+        with pytest.raises(KeyError, match="'z'"):
+            bar.start("z")
+        clock.now += 10  # b overruns: no "0 s left" while it runs
+        assert bar.seconds_left() == 0.0
+        assert bar.postfix() == "running past the estimate; second"
+        bar.update()  # the oldest unfinished: a
+        assert bar.done == {"a", "c"}
+        bar.finish("b")
+        assert bar.postfix() == "done; second"
+    assert "left" in out.getvalue() and "2/3" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_eta_bar_ticks_while_an_item_runs():
+    out = io.StringIO()
+    with EtaBar({"a": 1.0}, desc="t", unit="item", prior_s_per_cost=60, tick_s=0.01,
+                file=out) as bar:
+        bar.start("a", "long one")
+        drawn = out.getvalue().count("left")
+        for _ in range(200):  # up to 2 s for the thread to redraw
+            if out.getvalue().count("left") > drawn:
+                break
+            time.sleep(0.01)
+    assert out.getvalue().count("left") > drawn
+
+
+def test_the_pipelines_bar_weighs_units_by_unit_cost(monkeypatch, tmp_path):
+    bars = []
+
+    class Recording(EtaBar):
+        def __init__(self, costs, **kwargs):
+            bars.append(self)
+            super().__init__(costs, **{**kwargs, "tick_s": 0})
+
+    preset = pipeline_presets.PRESETS["first-run"]
+    monkeypatch.setattr(pipeline_runner, "EtaBar", Recording)
+    for name in ("warm_up", "warm_up_shapes"):
+        monkeypatch.setattr(pipeline_runner, name, lambda *a, **k: None)
+    monkeypatch.setattr(pipeline_runner, "load_data",
+                        lambda head, *a: types.SimpleNamespace(name="synthetic",
+                                                               description="fake"))
+    monkeypatch.setattr(pipeline_runner, "run_head",
+                        lambda head, data, seed, protocol: [{"head": head.name, "seed": seed}])
+    monkeypatch.setattr(pipeline_runner, "write_report_atomically", lambda *a: None)
+    records = pipeline_runner.run_config(preset, tmp_path, progress=False, jobs=1)
+    assert len(records) == len(preset.heads) * len(preset.seeds)
+    [bar] = bars
+    units = pipeline_runner.units_of(preset, {})
+    assert bar.costs == {u: pipeline_runner.unit_cost(preset, u) for u in units}
+    assert bar.done == set(units)
+
+
+# ---------------------------------------------------------------- phases and the total
+
+def test_phases_print_each_phase_and_the_total():
+    clock = FakeClock()
+    phases = Phases(clock=clock)
+    with phases.phase("cases"):
+        clock.now += 61
+    phases.add("pipeline", 30)
+    phases.add("pipeline", 10)
+    clock.now += 50
+    lines = phases.lines("job")
+    assert lines[0] == "job: 111 s in all (1 min 51 s)"
+    assert lines[1].split() == ["cases", "61.0", "s"]
+    assert lines[2].split() == ["pipeline", "40.0", "s"]
+    assert lines[3].split() == ["other", "10.0", "s"]
+    with pytest.raises(ValueError, match="seconds"):
+        phases.add("bad", -1)
+
+
+def test_the_run_prints_its_phases_and_total(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(PRESETS, "tiny", Preset(
+        "tiny", "", (Sweep("heads", ("A2",), "batch", (2,)),), ("float32",),
+        passes=("forward",), min_time_s=0.01, rounds=2, ceiling_time_s=0.02))
+    fake = types.ModuleType("bench.pipeline")
+    fake.run = lambda preset, out_dir: None
+    monkeypatch.setitem(sys.modules, "bench.pipeline", fake)
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name: object() if name == "bench.pipeline" else real_find_spec(name))
+    assert cli.main(["--preset", "tiny", "--backends", "torch", "--no-plots",
+                     "--out", str(tmp_path / "k"), "--pipeline-out", str(tmp_path / "p"),
+                     "--history", str(tmp_path / "h")]) == 0
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    total = next(i for i, line in enumerate(lines) if line.startswith("glai-bench run: "))
+    assert "s in all" in lines[total]
+    named = [line.split("  ")[1].strip() for line in lines[total + 1:] if line.startswith("  ")]
+    for phase in ("kernel suite: set-up", "kernel suite: ceilings", "kernel suite: cases",
+                  "kernel suite: reports", "history and dashboard", "pipeline (tiny preset)"):
+        assert phase in named
+    assert "left" in out.err  # the kernel suite's bar and its estimate
+
+
+def test_nox_bench_builds_the_extension_as_a_phase_and_prints_the_total(monkeypatch):
+    fake_nox = types.ModuleType("nox")
+    fake_nox.options = types.SimpleNamespace()
+    fake_nox.Session = object
+    fake_nox.session = lambda f: f
+    monkeypatch.setitem(sys.modules, "nox", fake_nox)
+    namespace: dict = {"__file__": str(ROOT / "noxfile.py"), "__name__": "noxfile"}
+    exec(compile((ROOT / "noxfile.py").read_text(), "noxfile.py", "exec"), namespace)
+
+    class Session:
+        def __init__(self) -> None:
+            self.posargs: list[str] = []
+            self.calls: list[tuple] = []
+
+        def install(self, *args):
+            self.calls.append(("install", *args))
+
+        def run(self, *args):
+            self.calls.append(("run", *args))
+
+        def log(self, line):
+            self.calls.append(("log", line))
+
+    session = Session()
+    namespace["bench"](session)
+    runs = [c[1:] for c in session.calls if c[0] == "run"]
+    assert runs[0] == ("python", "-m", "glai_kernels")  # the build, before the suite
+    assert runs[1] == ("glai-bench", "run", "--install-dispatch")  # the command's preset
+    logs = [c[1] for c in session.calls if c[0] == "log"]
+    assert logs[0].startswith("nox -s bench: ") and "s in all" in logs[0]
+    assert [line.split("  ")[1] for line in logs[1:4]] == [
+        "venv and install", "extension build (python -m glai_kernels)",
+        "glai-bench run (its phases above)"]
+
+
+def test_units_in_processes_tell_the_bar_each_start(monkeypatch):
+    # three units, two at a time: the third starts after the first ends (a parameter once
+    # shadowed by the loop's start time failed exactly there, "'float' object is not callable")
+    class Inline:  # a "process" that runs its target when started
+        def __init__(self, target, args, daemon):
+            self.target, self.args, self.exitcode = target, args, None
+
+        def start(self):
+            self.target(*self.args)
+            self.exitcode = 0
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    monkeypatch.setattr(pipeline_runner.multiprocessing, "get_context",
+                        lambda kind: types.SimpleNamespace(Process=Inline))
+    monkeypatch.setattr(pipeline_runner, "_run_unit",
+                        lambda preset, unit, files, threads: ([{"seed": unit.seed}], "d", "", 0.0))
+    preset = pipeline_presets.PRESETS["first-run"]
+    units = [pipeline_runner.Unit(PAPER_HEADS["A1"], "synthetic", s) for s in range(3)]
+    started, ended = [], []
+    pipeline_runner._run_processes(preset, units, {}, 1, 2, None,
+                                   lambda unit, outcome, status: ended.append((unit, status)),
+                                   started.append)
+    assert started == units and [status for _, status in ended] == ["ok"] * 3
