@@ -246,3 +246,24 @@ def test_the_bias_updates_with_its_own_param_groups_hyper_parameters():
         stepper.step(lambda model, x=x, t=t: F.cross_entropy(model(x), t))
     for a, b in zip(state_of(fused, opt_f), state_of(ordinary, opt_o), strict=True):
         torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+def test_the_cuda_steps_have_fakes():
+    """The CUDA fused step's ops (step a device tensor) trace under fake tensors, as the CPU
+    ones do, so torch.compile can hold them: their kernels need a GPU, their schemas do not
+    (ops that only mutate and return nothing need no fake of their own)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, act, values, index, dy = sparse_problem(13, 30, 9, 7, 0.5, seed=8)
+    bias = torch.zeros(dy.shape[1])
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) for t in (dy, x, act, values, bias)]
+        fdy, fx, fact, fvalues, fbias = fake
+        findex = [mode.from_tensor(t) for t in index]
+        step = mode.from_tensor(torch.ones(()))
+        torch.ops.glai_ext.sparse_dvalues_adam_t(
+            fdy, fx, fact, fvalues, findex, torch.zeros_like(fvalues), torch.zeros_like(fvalues),
+            step, 1e-2, 0.9, 0.999, 0.1, 1e-8, False)
+        torch.ops.glai_ext.bias_adam_t(fdy, fbias, torch.zeros_like(fbias),
+                                       torch.zeros_like(fbias), step, 1e-2, 0.9, 0.999, 0.0,
+                                       1e-8, True)
