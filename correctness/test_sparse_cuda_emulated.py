@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from emulated_build import build_emulated
+from sparse_nonfinite import kind, nonfinite_case, term_sums64
 
 from glai_kernels.sparse import KeptIndex, from_dense
 from glai_kernels.sparse.reference import backward64, forward64, group_sums64
@@ -209,18 +210,17 @@ def test_bad_launches_are_refused(kernels):
 
 
 # ---- NaN and Inf (issue 40, item 5) ----------------------------------------------------------
-# As test_sparse_contract.py's check of the other sparse backends: each element of y, dx, dact
-# and dvalues is NaN, +inf, -inf or finite as the float64 sum over the kept entries, term by
-# term or grouped as the layout states the op (they may differ where an infinite act or dy
-# multiplies a group's sum); the finite ones within the dtype's tolerance. The batches take one
-# tile of lanes (B = 5) and two, the second partial (B = 37), so padded lanes are exercised.
+# As test_sparse_contract.py's check of the other sparse backends (the cases and the oracle:
+# sparse_nonfinite.py): each element of y, dx, dact and dvalues is NaN, +inf, -inf or finite
+# as the float64 sum over the kept entries, term by term or grouped as the layout states the op
+# (they may differ where an infinite act or dy multiplies a group's sum); the finite ones
+# within the dtype's tolerance. The batches take one tile of lanes (B = 5) and two, the second
+# partial (B = 37), so padded lanes are exercised.
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("batch", [5, 37], ids=["B5", "B37"])
 def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
-    from test_sparse_contract import kind, nonfinite_case, term_sums64
-
     infinite = {"y": False, "dact": False}
     for seed in range(6):
         x, act, sw, dy = nonfinite_case(seed, batch, dtype)
@@ -259,8 +259,6 @@ def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
 def test_an_infinite_value_in_a_short_group_stays_inf(kernels):
     """test_sparse_contract.py's case of the padded rounds: one kept entry per group, an
     infinite value, B = 29 (one partial tile of 32 lanes); y and dact are ±inf, never NaN."""
-    from test_sparse_contract import kind
-
     mask = torch.zeros(3, 1, 3, dtype=torch.bool)
     mask[0, 0, 1] = mask[0, 0, 2] = mask[1, 0, 0] = True
     sw = from_dense(torch.tensor([[[1.0, 2.0, -3.0]], [[4.0, 5.0, 6.0]], [[0.0] * 3]]), mask)

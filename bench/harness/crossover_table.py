@@ -18,12 +18,11 @@ over all: the layout choice must not lose at any head measured.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 
+from bench.harness import dispatch_table
 from bench.reporting.kept_report import at_match, best_times, crossover, kept_rows
 from glai_kernels import dispatch
 from glai_kernels.dispatch import crossover as layout
@@ -83,17 +82,11 @@ def build(df: pd.DataFrame, meta: dict, kind: str | None = None) -> dict | None:
 
 
 def write(table: dict, out_dir: Path) -> Path:
-    path = layout.table_path(table["machine_kind"], out_dir / "dispatch")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1) + "\n")
-    return path
+    return dispatch_table.write_json(table, layout.table_path(table["machine_kind"],
+                                                              out_dir / "dispatch"))
 
 
-def install(path: Path) -> Path:
-    """Copy a run's table into the package (glai_kernels/dispatch/), which ships it."""
-    target = dispatch.TABLE_DIR / path.name
-    shutil.copyfile(path, target)
-    return target
+install = dispatch_table.install  # the same folder, the same copy
 
 
 def write_for_run(df: pd.DataFrame, meta: dict, out_dir: Path, install_table: bool = False,

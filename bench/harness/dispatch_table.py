@@ -206,9 +206,14 @@ def build(df: pd.DataFrame, meta: dict, kind: str | None = None,
 
 
 def write(table: dict, out_dir: Path) -> Path:
+    return write_json(table, dispatch.table_path(table["machine_kind"], out_dir / "dispatch",
+                                                 op=table["op"]))
+
+
+def write_json(table: dict, path: Path) -> Path:
+    """`table` as indented JSON at `path` (its folder made), for every table a run writes."""
     import json
 
-    path = dispatch.table_path(table["machine_kind"], out_dir / "dispatch", op=table["op"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1) + "\n")
     return path

@@ -234,15 +234,7 @@ class Table:
         """A table from its JSON object; ValueError naming `source` and what is wrong for
         anything but a well-formed table of this code's schema."""
         where = source or "table"
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: not a dispatch table (a JSON {_json_type(data)}, not "
-                             f"an object)")
-        if data.get("kind") != KIND:
-            raise ValueError(f"{where}: not a dispatch table (kind {data.get('kind')!r})")
-        schema = data.get("schema", SCHEMA)
-        if type(schema) is not int or schema != SCHEMA:
-            raise ValueError(f"{where}: dispatch table schema {schema!r} is not this code's "
-                             f"{SCHEMA}")
+        check_header(data, where, "dispatch table", KIND, SCHEMA)
         fields = {"machine_kind": str, "op": str, "provenance": dict, "entries": list}
         defaults = {"op": "estimator", "provenance": {}}
         for name, kind in fields.items():
@@ -256,6 +248,19 @@ class Table:
                         for k, e in enumerate(data["entries"]))
         return cls(data["machine_kind"], data.get("op", "estimator"), entries,
                    data.get("provenance", {}), source)
+
+
+def check_header(data: object, where: str, what: str, kind: str, schema: int) -> None:
+    """That `data` (a table's parsed JSON) is an object of `kind` at this code's `schema`
+    (absent: taken as this code's); ValueError naming `where` and what is wrong otherwise.
+    Every table in this folder (`what`: "dispatch table", "layout crossover table") opens so."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: not a {what} (a JSON {_json_type(data)}, not an object)")
+    if data.get("kind") != kind:
+        raise ValueError(f"{where}: not a {what} (kind {data.get('kind')!r})")
+    found = data.get("schema", schema)
+    if type(found) is not int or found != schema:
+        raise ValueError(f"{where}: {what} schema {found!r} is not this code's {schema}")
 
 
 def _json_type(value: object) -> str:

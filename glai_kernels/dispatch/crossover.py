@@ -43,6 +43,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from glai_kernels import dispatch
 from glai_kernels.dispatch import kinds
 
 KIND = "glai-kernels-layout-crossover"
@@ -82,15 +83,7 @@ def table_path(kind: str, directory: Path) -> Path:
 
 def parse_table(data: object, where: str) -> float:
     """The crossover of a table's JSON object; ValueError naming `where` and what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: not a layout crossover table (a JSON "
-                         f"{type(data).__name__}, not an object)")
-    if data.get("kind") != KIND:
-        raise ValueError(f"{where}: not a layout crossover table (kind {data.get('kind')!r})")
-    schema = data.get("schema", SCHEMA)
-    if type(schema) is not int or schema != SCHEMA:
-        raise ValueError(f"{where}: layout crossover schema {schema!r} is not this code's "
-                         f"{SCHEMA}")
+    dispatch.check_header(data, where, "layout crossover table", KIND, SCHEMA)
     value = data.get("crossover")
     # bool is an int to Python: not a fraction
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
