@@ -35,6 +35,9 @@ def key_of(index: KeptIndex, device: torch.device, nnz: int) -> tuple | None:
     """The memory's key for `index` checked for values [K = nnz] on `device`; None where a
     tensor has no version counter (an inference tensor) or no readable storage (fake,
     functional or batched tensors)."""
+    # plain tensors only: a fake tensor's data pointer is deprecated (it warns) and means nothing
+    if any(type(t) is not torch.Tensor for t in index):
+        return None
     try:
         return (device, nnz, *[(id(t), t._version, t.data_ptr(), t.shape) for t in index])
     except (AttributeError, RuntimeError):
