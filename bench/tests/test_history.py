@@ -227,7 +227,7 @@ def test_python_m_bench_goes_on_past_a_bad_history(tmp_path, monkeypatch, capsys
     def fake_run(preset, *, out_dir, **kwargs):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps(results(commit="2" * 40)))
-        return types.SimpleNamespace(table=[None], files=[])
+        return types.SimpleNamespace(table=[None], files=[], meta={})  # as RunOutput
 
     monkeypatch.setattr(suite, "run", fake_run)
     monkeypatch.setattr(history, "HISTORY_DIR", hist)
