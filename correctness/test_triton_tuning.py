@@ -324,22 +324,30 @@ def test_tuning_times_each_candidate_once_and_writes_the_cache(tuning):
 def test_a_fresh_process_reads_the_cache_without_tuning(tuning, tmp_path):
     _tuned_step()
     chosen = {r.kernel: dataclasses.asdict(r.config) for r in triton_tuning.tuning_log()}
-    code = (
-        "import json, sys\n"
-        "sys.path.append('correctness')\n"
-        "from glai_kernels import triton_tuning\n"
-        "import importlib\n"
-        "tb = importlib.import_module('glai_kernels.backends.triton')\n"
-        "import test_triton_tuning as t\n"
-        "tb._autotunes = lambda dtype: True\n"
-        "def refuse(fn):\n"
-        "    raise AssertionError('tuned again')\n"
-        "tb._bench_s = refuse\n"
-        "t._tuned_step()\n"
-        "import dataclasses\n"
-        "print(json.dumps({r.kernel: [r.source, dataclasses.asdict(r.config)]\n"
-        "                  for r in triton_tuning.tuning_log()}))\n"
-    )
+    # the child imports through the package layout only (PYTHONPATH = the repository: the
+    # package and `reference`), and runs _tuned_step's calls and checks itself
+    code = f"""
+import dataclasses, importlib, json
+import torch
+from glai_kernels import triton_tuning
+tb = importlib.import_module('glai_kernels.backends.triton')
+from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
+from reference.tolerance import worst_error
+tb._autotunes = lambda dtype: True
+def refuse(fn):
+    raise AssertionError('tuned again')
+tb._bench_s = refuse
+data = make_inputs(*{TUNED!r}, device={DEVICE!r}, seed=44, bias=False)
+dy = torch.randn({TUNED[0]}, {TUNED[3]}, generator=torch.Generator().manual_seed(44)).to({DEVICE!r})
+inputs = (data.x, data.act, data.weight)
+got = (tb.triton_forward(*inputs), *tb.triton_backward(dy, *inputs, (True, True, True)))
+for name, g, want, scale in zip(("y", "dx", "dact", "dweight"), got,
+                                (forward64(*inputs), *grads64(dy, *inputs)[:3]),
+                                (abs_forward64(*inputs), *abs_grads64(dy, *inputs)[:3])):
+    assert worst_error(g, want, scale) <= tolerance(torch.float32), name
+print(json.dumps({{r.kernel: [r.source, dataclasses.asdict(r.config)]
+                  for r in triton_tuning.tuning_log()}}))
+"""
     env = os.environ | {"GLAI_KERNELS_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
