@@ -155,6 +155,11 @@ def parser() -> argparse.ArgumentParser:
     shards.add_argument(p, "kernel cases and pipeline units")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--matmul-precision", choices=("highest", "high", "medium"), default=None,
+                   help="torch.set_float32_matmul_precision for the run (default: leave "
+                        "torch's setting, full float32): 'high' lets float32 products use "
+                        "TF32 on CUDA, for the `cuda` backend and cuBLAS alike; recorded in "
+                        "the provenance; not with --install-dispatch")
     return p
 
 
@@ -248,6 +253,16 @@ def run(argv: list[str]) -> int:
     if shard is not None and args.install_dispatch:
         p.error("argument --install-dispatch: not with --shard (a shard's table covers part "
                 "of the cases: install the merged one, glai-bench merge --install-dispatch)")
+    if args.matmul_precision not in (None, "highest") and args.install_dispatch:
+        # the table picks a backend per float32 cell for every later call, most of them at
+        # full precision: a TF32 run's timings must not decide those
+        p.error("argument --install-dispatch: not with --matmul-precision "
+                f"{args.matmul_precision} (a table measured with TF32 would choose for "
+                "full-precision calls)")
+    if args.matmul_precision is not None:
+        import torch
+
+        torch.set_float32_matmul_precision(args.matmul_precision)
     command = " ".join(["glai-bench run", *argv])
     if shard is not None and args.shard is None:
         command += f" (shard {shard.number}/{shard.count} from {shard.source})"

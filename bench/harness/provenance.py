@@ -67,6 +67,7 @@ def _gpu(device: torch.device) -> dict[str, object]:
         "gpu_sm_count": props.multi_processor_count,
         "gpu_capability": f"{props.major}.{props.minor}",
         "cuda_version": torch.version.cuda or "absent",
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
     try:
         import pynvml
@@ -126,6 +127,8 @@ def collect(device: torch.device) -> dict[str, object]:
         # set by bench/harness/onednn_guard.py (or the user): which oneDNN instruction sets ran, why
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
         "onednn_guard": os.environ.get("GLAI_ONEDNN_GUARD", ""),
+        # whether float32 products could use TF32 (`glai-bench run --matmul-precision`)
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
     if device.type == "cuda":
         info.update(_gpu(device))

@@ -66,3 +66,30 @@ def test_the_launcher_puts_the_checkout_first_on_pythonpath(monkeypatch):
     assert root == ROOT
     assert cli.environment(root)["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
     assert cli.command(["gate", "check"])[1:] == ["-m", "bench", "gate", "check"]
+
+
+def test_matmul_precision_reaches_the_suite_and_its_provenance(tmp_path, monkeypatch):
+    """`run --matmul-precision high` sets torch's float32 precision before the suite runs (so
+    the `cuda` binding and cuBLAS may use TF32) and the run's provenance records it."""
+    import torch
+
+    from bench.harness import provenance, suite
+
+    seen: dict[str, object] = {}
+
+    def fake_run(*args, **kwargs):
+        seen["precision"] = torch.get_float32_matmul_precision()
+        seen["provenance"] = provenance.collect(torch.device("cpu"))
+        raise ValueError("stop here")  # the CLI turns it into exit status 2
+
+    before = torch.get_float32_matmul_precision()
+    monkeypatch.setattr(suite, "run", fake_run)
+    try:
+        code = bench_main.main(["run", "--suite", "kernels", "--device", "cpu", "--no-history",
+                                "--out", str(tmp_path / "out"), "--matmul-precision", "high"])
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert code == 2
+    assert seen["precision"] == "high"
+    assert seen["provenance"]["float32_matmul_precision"] == "high"
+    assert provenance.collect(torch.device("cpu"))["float32_matmul_precision"] == before

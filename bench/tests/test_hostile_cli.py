@@ -111,6 +111,9 @@ BAD_ARGUMENTS = [
     (["holdout", "--factor", "-1"], "argument --factor: must be a positive number"),
     (["holdout", "/no/such/baseline.json"], "argument baseline: no such file"),
     (["check-cuda", "--arch", "sm_eighty"], "argument --arch: must be a compute capability"),
+    (["run", "--matmul-precision", "tf32"], "argument --matmul-precision: invalid choice"),
+    (["run", "--matmul-precision", "high", "--install-dispatch"],
+     "argument --install-dispatch: not with --matmul-precision high"),
     (["check-headers", "--include", "/no/such/include"], "argument --include: no such folder"),
 ]
 

@@ -8,7 +8,8 @@
 # device tool's limit).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
-#     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 KEPT_S=90 PIPE_S=90 bash bench/tools/on_gpu.sh
+#     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 TC_S=60 KEPT_S=90 PIPE_S=90 \
+#       bash bench/tools/on_gpu.sh
 #         # the defaults on CUDA: build (at most BUILD_S=200), then the tests get what the later
 #         # steps' shares leave, at most TEST_S
 #     ENERGY_S=60 ...   # after the kernel sweep, a step of its own: NVML energy over windows of
@@ -17,6 +18,12 @@
 #         at ENERGY_HEADS (default A1,A2,C1,B1), B = ENERGY_BATCHES (16), float32; ENERGY_S=0:
 #         none (the default off CUDA). The kernel sweep itself reads no energy. Its report is
 #         bench_cuda/energy/ in the archive.
+#     TC_S=60 ...   # the default on CUDA (0 elsewhere): after the energy step, issue 38's
+#         tensor-core cells in a run of their own: float32 with TF32 allowed (`glai-bench run
+#         --matmul-precision high`, for the `cuda` kernels and cuBLAS alike) and float16, at
+#         TC_HEADS (default A1,B1,A2,C1,C2; A1 first: its TF32 target) and B = TC_BATCHES
+#         (4096,256), forward and both; torch against cuda; the report is bench_cuda/tensor_cores/
+#         in the archive (full float32 and bfloat16 at those batches are in the kernel sweep)
 #     TRITON_S=150 TRITON_HEADS=A1,C2 bash bench/tools/on_gpu.sh   # and a triton run of its own
 #     TRITON_BATCHES=16 ...     # (its batches; default 16,256,4096; TRITON_PRESET the preset
 #         they are taken from, default `default`): its tuning starts cold
@@ -40,10 +47,12 @@
 #         /tmp/bench_cuda/kept_step (in the archive); install it here with
 #         cp .../dispatch/*.layout_crossover.json glai_kernels/dispatch/
 #
-# The CPU dry run (CI runs it: .ci/run), every step but the tests end to end in under 2
-# minutes (each step is cut at its share of TOTAL_S, so it cannot run longer):
-#     OUT=/tmp/on_gpu_dry TOTAL_S=200 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
+# The CPU dry run (CI runs it: .ci/run), every step but the tests, energy and the kept sweep
+# end to end in under 4 minutes (each step is cut at its share of TOTAL_S, so it cannot run
+# longer):
+#     OUT=/tmp/on_gpu_dry TOTAL_S=230 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
+#       TC_S=30 TC_HEADS=A1 TC_BATCHES=16 TC_BACKENDS=torch \
 #       PIPE_S=60 PIPE_UNIT_S=30 bash bench/tools/on_gpu.sh
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
@@ -60,6 +69,7 @@ TEST_S=${TEST_S:-120}
 PIPE_S=${PIPE_S:-90}
 ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 )}
 KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
+TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 )}
 BENCH_MIN_S=${BENCH_MIN_S:-120}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -106,7 +116,7 @@ if [ "$TEST_S" -gt 0 ]; then
 step tests | tee -a "$OUT/steps.txt"
 # tests not started TEST_S from now are skipped (bench/tools/lease_plugin.py), so pytest ends with
 # its report; each failure's traceback is written to failures.txt the moment it fails
-budget=$(( $(left) - BENCH_MIN_S - PIPE_S - ENERGY_S - KEPT_S - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
+budget=$(( $(left) - BENCH_MIN_S - PIPE_S - ENERGY_S - TC_S - KEPT_S - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
 [ "$budget" -gt "$TEST_S" ] && budget=$TEST_S
 if [ "$budget" -lt 40 ]; then
   echo "tests skipped: ${budget}s left after the later steps' shares" | tee -a "$OUT/steps.txt"
@@ -122,7 +132,7 @@ fi
 step bench | tee -a "$OUT/steps.txt"
 # the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
 # limit is checked before each backend's first call (which may autotune for tens of seconds)
-budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S - KEPT_S ))
+budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S - TC_S - KEPT_S ))
 margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
 [ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
 timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
@@ -138,7 +148,7 @@ if [ "$ENERGY_S" -gt 0 ]; then
   # /tmp/bench_cuda (energy/), so the archive holds it; the steps after keep their time.
   step "energy and train at ${ENERGY_HEADS:-A1,A2,C1,B1}, B ${ENERGY_BATCHES:-16}" \
     | tee -a "$OUT/steps.txt"
-  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - TC_S - KEPT_S ))
   [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
   margin=$(( budget / 3 < 40 ? budget / 3 : 40 ))  # the closing ceilings and reports
   if [ "$budget" -ge 30 ]; then
@@ -164,6 +174,28 @@ for r in rows:
 EOF
   else
     echo "energy: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
+  fi
+fi
+if [ "$TC_S" -gt 0 ]; then
+  # tensor cores (issue 38): TF32 is a process-wide torch setting, so a run of its own; the
+  # oracle judges those float32 rows at TF32's tolerance (bench/harness/oracle.py)
+  step "tensor cores: TF32 and float16 at ${TC_HEADS:-A1,B1,A2,C1,C2}, B ${TC_BATCHES:-4096,256}" \
+    | tee -a "$OUT/steps.txt"
+  budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
+  [ "$budget" -gt "$TC_S" ] && budget=$TC_S
+  margin=$(( budget / 3 < 30 ? budget / 3 : 30 ))  # the closing reports
+  if [ "$budget" -ge 30 ]; then
+    rm -rf /tmp/bench_cuda/tensor_cores
+    timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
+      --preset "${BENCH_PRESET:-default}" --sweeps heads --matmul-precision high \
+      --heads "${TC_HEADS:-A1,B1,A2,C1,C2}" --batches "${TC_BATCHES:-4096,256}" \
+      --dtypes float32,float16 --passes forward,both --peers none \
+      --backends "${TC_BACKENDS:-torch,cuda}" --rounds 3 --min-time 0.05 --energy-window 0 \
+      --time-limit $(( budget - margin )) --out /tmp/bench_cuda/tensor_cores \
+      --no-history --no-plots >>"$OUT/bench.log" 2>&1
+    echo "tensor cores rc=$?" | tee -a "$OUT/steps.txt"
+  else
+    echo "tensor cores: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
   fi
 fi
 if [ "$PIPE_S" -gt 0 ]; then
