@@ -93,15 +93,28 @@ __device__ A sum_rows(A part, A* scratch) {
   return total;
 }
 
+// The frame every per-item pass shares: block (item, batch tile), lane b of the tile; each
+// thread's `part(item, b)` (its rows' share of the item's list, in the accumulation type) is
+// added over the block's rows in row order, and row 0 writes out[b * stride + item] (a null
+// `out` is not written). Every thread of the block must call it (sum_rows holds barriers).
+template <typename T, int Threads, typename Part>
+__device__ void item_pass(int64_t batch, T* __restrict__ out, int64_t stride, Part part) {
+  using acc = typename Num<T>::acc;
+  __shared__ acc scratch[Threads];
+  const int64_t item = blockIdx.x;
+  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const acc total = sum_rows(b < batch ? part(item, b) : acc(0), scratch);
+  if (out != nullptr && b < batch && threadIdx.y == 0) {
+    out[b * stride + item] = Num<T>::out(total);
+  }
+}
+
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t o = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
+  item_pass<T, Threads>(a.B, y, a.O, [&](int64_t o, int64_t b) {
+    acc part = acc(0);
     const int64_t end = a.output_ptr[o + 1];
     for (int64_t g = a.output_ptr[o] + threadIdx.y; g < end; g += blockDim.y) {
       acc z = acc(0);
@@ -113,20 +126,16 @@ __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
       if (zgt != nullptr) zgt[g * a.B + b] = z;
       part += a.at(a.actt, a.group_paths[g], b) * z;
     }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (y != nullptr && b < a.B && threadIdx.y == 0) y[b * a.O + o] = Num<T>::out(total);
+    return part;
+  });
 }
 
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dx_kernel(Args<T> a, T* __restrict__ dx) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t i = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
+  item_pass<T, Threads>(a.B, dx, a.I, [&](int64_t i, int64_t b) {
+    acc part = acc(0);
     const int64_t end = a.input_ptr[i + 1];
 #pragma unroll 4
     for (int64_t j = a.input_ptr[i] + threadIdx.y; j < end; j += blockDim.y) {
@@ -135,29 +144,24 @@ __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
       part += Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
               a.at(a.actt, a.group_paths[g], b);
     }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (b < a.B && threadIdx.y == 0) dx[b * a.I + i] = Num<T>::out(total);
+    return part;
+  });
 }
 
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t s = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
+  item_pass<T, Threads>(a.B, dact, a.P, [&](int64_t s, int64_t b) {
+    acc part = acc(0);
     const int64_t end = a.path_ptr[s + 1];
 #pragma unroll 4
     for (int64_t j = a.path_ptr[s] + threadIdx.y; j < end; j += blockDim.y) {
       const int32_t g = a.path_groups[j];
       part += a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
     }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (b < a.B && threadIdx.y == 0) dact[b * a.P + s] = Num<T>::out(total);
+    return part;
+  });
 }
 
 template <typename T>
