@@ -128,6 +128,20 @@ def _mma(acc, a, b, FMA: tl.constexpr, PRECISION: tl.constexpr, EMULATE_TF32: tl
 
 
 @_jit
+def _store_tile(ptr, value, rows, cols, row_mask, col_mask, N, piece, B, PARTIAL: tl.constexpr,
+                OUT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Store the tile `value` [R, C] (ACC) at [rows, cols] of a row-major [B, N] result, masked:
+    rounded once to OUT, or, PARTIAL, as it is into slice `piece` of an [S, B, N] workspace
+    whose slices are summed in a fixed order after (`_sum_slices_kernel`)."""
+    offsets = rows[:, None] * N + cols[None, :]
+    mask = row_mask[:, None] & col_mask[None, :]
+    if PARTIAL:
+        tl.store(ptr + tl.cast(piece, tl.int64) * B * N + offsets, value, mask=mask)
+    else:
+        tl.store(ptr + offsets, _rounded(value, OUT, EMULATE_BF16), mask=mask)
+
+
+@_jit
 def _outer_tile(x_ptr, act_ptr, rows, ks, B, I, P, k_end, ACC: tl.constexpr):
     """U[b, k] = x[b, k // P] * act[b, k % P] for rows [R] (int64) and ks [C] (int64): an
     [R, C] tile in ACC, zero outside b < B, k < k_end. Never leaves registers."""
@@ -277,23 +291,15 @@ def _grad_inputs_kernel(
         input_mask = inputs < I
         if NEED_X:
             dx_part = tl.sum(g3 * act_tile[:, None, :], axis=2)  # [BB, BI]
-            offsets = rows[:, None] * I + inputs[None, :]
-            mask = row_mask[:, None] & input_mask[None, :]
-            if DX_PARTIAL:
-                tl.store(dx_ptr + tl.cast(s_block, tl.int64) * B * I + offsets, dx_part, mask=mask)
-            else:
-                tl.store(dx_ptr + offsets, _rounded(dx_part, OUT, EMULATE_BF16), mask=mask)
+            _store_tile(dx_ptr, dx_part, rows, inputs, row_mask, input_mask, I, s_block, B,
+                        DX_PARTIAL, OUT, EMULATE_BF16)
         if NEED_ACT:
             x_tile = tl.load(x_ptr + rows[:, None] * I + inputs[None, :],
                              mask=row_mask[:, None] & input_mask[None, :], other=0.0).to(ACC)
             dact += tl.sum(g3 * x_tile[:, :, None], axis=1)  # [BB, BS]
     if NEED_ACT:
-        offsets = rows[:, None] * P + paths[None, :]
-        mask = row_mask[:, None] & path_mask[None, :]
-        if DACT_PARTIAL:
-            tl.store(dact_ptr + tl.cast(piece, tl.int64) * B * P + offsets, dact, mask=mask)
-        else:
-            tl.store(dact_ptr + offsets, _rounded(dact, OUT, EMULATE_BF16), mask=mask)
+        _store_tile(dact_ptr, dact, rows, paths, row_mask, path_mask, P, piece, B, DACT_PARTIAL,
+                    OUT, EMULATE_BF16)
 
 
 # ----------------------------------------------------------------------------------------
