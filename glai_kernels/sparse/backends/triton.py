@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+# triton and tl as the dense backend imported them: None where triton is missing, in which
+# case this backend still registers and says why it cannot run (triton_availability)
 from glai_kernels.backends.triton import (
     _jit,
     _on_device,
@@ -49,19 +51,14 @@ from glai_kernels.backends.triton import (
     _rounded,
     _tile,
     interpreted,
+    tl,
+    triton,
     triton_availability,
 )
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, groups_by_batch
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the backend still registers and says why it cannot run
-    triton = tl = None
-
 
 # ----------------------------------------------------------------------------------------
 # Kernels (xt, actt, dyt are [n, B] with the batch contiguous; y, dx, dact, [B, n])
