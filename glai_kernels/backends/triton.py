@@ -439,6 +439,16 @@ def _tuned(kernel: str, x: torch.Tensor, weight: torch.Tensor, candidates, time_
                                 time_one)
 
 
+def _config(kernel: str, x: torch.Tensor, weight: torch.Tensor, candidates, by_rule, time_one,
+            **extra) -> object:
+    """The config `kernel` runs with when the caller forces none: on a GPU, the one `_tuned`
+    chooses among `candidates` (timed by `time_one`); otherwise (the interpreter, float64,
+    deterministic mode: `_autotunes`) `by_rule(shape, dtype, device)`."""
+    if _autotunes(x.dtype):
+        return _tuned(kernel, x, weight, candidates, time_one, **extra)
+    return by_rule(Shape(*_sizes(x, weight)[:4]), x.dtype, x.device)
+
+
 # ----------------------------------------------------------------------------------------
 # Launchers: triton_forward and triton_backward (inputs contiguous, one dtype and device)
 
@@ -510,12 +520,10 @@ def triton_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
     acc = _accumulation(x.dtype)
     deterministic = torch.are_deterministic_algorithms_enabled()
     with _on_device(x):
-        if config is None and _autotunes(x.dtype):
-            config = _tuned(
-                "forward", x, weight, forward_candidates,
+        if config is None:
+            config = _config(
+                "forward", x, weight, forward_candidates, forward_config,
                 lambda c: _bench_s(lambda: triton_forward(x, act, weight, config=c)))
-        elif config is None:
-            config = forward_config(Shape(*sizes[:4]), x.dtype, x.device)
         y = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
         ws = y  # not touched when K is not split
         if config.split_k > 1 and deterministic:
@@ -541,13 +549,9 @@ def triton_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
 def _grad_weight(dy, x, act, weight, config: GradWeightConfig | None) -> torch.Tensor:
     sizes = _, _, _, outputs, k = _sizes(x, weight)
     if config is None:
-        if _autotunes(x.dtype):
-            config = _tuned(
-                "grad_weight", x, weight,
-                grad_weight_candidates,
-                lambda c: _bench_s(lambda: _grad_weight(dy, x, act, weight, c)))
-        else:
-            config = grad_weight_config(Shape(*sizes[:4]), x.dtype, x.device)
+        config = _config(
+            "grad_weight", x, weight, grad_weight_candidates, grad_weight_config,
+            lambda c: _bench_s(lambda: _grad_weight(dy, x, act, weight, c)))
     numerics = _numerics(x.dtype)
     dweight = torch.empty_like(weight)
     grid = (triton.cdiv(outputs, config.block_o), triton.cdiv(k, config.block_k))
@@ -562,14 +566,10 @@ def _grad_inputs(dy, x, act, weight, need_x: bool, need_act: bool,
                  config: GradInputsConfig | None):
     sizes = batch, inputs, paths, _, _ = _sizes(x, weight)
     if config is None:
-        if _autotunes(x.dtype):
-            config = _tuned(
-                "grad_inputs", x, weight,
-                grad_inputs_candidates,
-                lambda c: _bench_s(lambda: _grad_inputs(dy, x, act, weight, need_x, need_act, c)),
-                need_x=need_x, need_act=need_act)
-        else:
-            config = grad_inputs_config(Shape(*sizes[:4]), x.dtype, x.device)
+        config = _config(
+            "grad_inputs", x, weight, grad_inputs_candidates, grad_inputs_config,
+            lambda c: _bench_s(lambda: _grad_inputs(dy, x, act, weight, need_x, need_act, c)),
+            need_x=need_x, need_act=need_act)
     numerics = _numerics(x.dtype)
     acc = _accumulation(x.dtype)
     s_blocks = triton.cdiv(paths, config.block_s)
