@@ -93,13 +93,16 @@ def short_group_case():
     return x, act, sw, dy
 
 
-def short_group_expected(x, act, sw, dy) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, dact) of `short_group_case` in float64, grouped as the layout states the op; their
-    infinities asserted where the case puts them."""
+def assert_short_group_classes(where: str, y: torch.Tensor, dact: torch.Tensor, x, act, sw,
+                               dy) -> None:
+    """y and dact computed on `short_group_case`'s (x, act, sw, dy) have, element by element,
+    the classes (finite, ±inf, NaN) of its float64 sums grouped as the layout states the op,
+    whose infinities at y[:, 0] and dact[:, 2] are asserted too; `where` names the run."""
     expected_y = forward64(x, act, sw.values, sw.index)
     expected_dact = backward64(dy, x, act, sw.values, sw.index)[1]
     assert bool(expected_y[:, 0].isinf().all()) and bool(expected_dact[:, 2].isinf().all())
-    return expected_y, expected_dact
+    assert torch.equal(kind(y), kind(expected_y)), f"{where}: y"
+    assert torch.equal(kind(dact), kind(expected_dact)), f"{where}: dact"
 
 
 def kind(t: torch.Tensor) -> torch.Tensor:

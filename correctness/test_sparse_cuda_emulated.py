@@ -20,17 +20,10 @@ import ctypes
 from pathlib import Path
 
 import pytest
+import sparse_nonfinite as nonfinite
 import torch
 from emulated_build import build_emulated
 from sparse_cuda_abi import DTYPES, INVALID_VALUE, SparseProblem, ptr
-from sparse_nonfinite import (
-    assert_as_the_sums,
-    kind,
-    nonfinite_case,
-    oracles64,
-    short_group_case,
-    short_group_expected,
-)
 
 from glai_kernels.sparse import KeptIndex, from_dense
 from glai_kernels.sparse.reference import backward64, forward64, group_sums64
@@ -215,9 +208,9 @@ def test_bad_launches_are_refused(kernels):
 def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
     infinite = {"y": False, "dact": False}
     for seed in range(6):
-        x, act, sw, dy = nonfinite_case(seed, batch, dtype)
+        x, act, sw, dy = nonfinite.nonfinite_case(seed, batch, dtype)
         values, index = sw.values.detach(), sw.index
-        terms, grouped, scale = oracles64(x, act, values, index, dy)
+        terms, grouped, scale = nonfinite.oracles64(x, act, values, index, dy)
         call = Call(x, act, values, index, dy)
         y, zgt = _nan((batch, index.shape[0]), dtype), _nan((index.groups, batch), call.acc)
         dx, dact = _nan(x.shape, dtype), _nan(act.shape, dtype)
@@ -232,8 +225,9 @@ def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
             # float16 (no gates' floor here, unlike the fuzzer): a sum of a few products of
             # normals can fall below its normal range, where the relative tolerance means
             # nothing; its classes are checked, not its finite values
-            reached = assert_as_the_sums(f"{name} (seed {seed})", actual, term, group, size,
-                                         dtype, finite_values=dtype != torch.float16)
+            reached = nonfinite.assert_as_the_sums(f"{name} (seed {seed})", actual, term,
+                                                   group, size, dtype,
+                                                   finite_values=dtype != torch.float16)
             if name in infinite:
                 infinite[name] |= reached
     assert all(infinite.values())  # the planted values reached ±inf in y and dact
@@ -242,12 +236,10 @@ def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
 def test_an_infinite_value_in_a_short_group_stays_inf(kernels):
     """test_sparse_contract.py's case of the padded rounds: one kept entry per group, an
     infinite value, B = 29 (one partial tile of 32 lanes); y and dact are ±inf, never NaN."""
-    x, act, sw, dy = short_group_case()
+    x, act, sw, dy = nonfinite.short_group_case()
     call = Call(x, act, sw.values.detach(), sw.index, dy)
     y, zgt = _nan((29, 3), torch.float32), _nan((sw.index.groups, 29), torch.float32)
     dact = _nan((29, 3), torch.float32)
     assert kernels.glai_sparse_forward(call.ref(), y.data_ptr(), zgt.data_ptr(), None) == 0
     assert kernels.glai_sparse_dact(call.ref(), zgt.data_ptr(), dact.data_ptr(), None) == 0
-    expected_y, expected_dact = short_group_expected(x, act, sw, dy)
-    assert torch.equal(kind(y), kind(expected_y))
-    assert torch.equal(kind(dact), kind(expected_dact))
+    nonfinite.assert_short_group_classes("the emulated kernels", y, dact, x, act, sw, dy)
