@@ -66,10 +66,11 @@ __device__ void for_each_entry_sum(const Operands& a, Acc* scratch, Finish finis
     }
     __syncthreads();
     // thread t < step adds slot t's lanes in lane order and finishes entry base + t
-    if (tid < step && base + tid < a.K) {
+    const int64_t k = base + tid;
+    if (tid < step && k < a.K) {
       Acc total = Acc(0);
       for (int l = 0; l < lanes; ++l) total += scratch[tid * lanes + l];
-      finish(base + tid, total);
+      finish(k, total);
     }
     __syncthreads();
   }

@@ -95,16 +95,17 @@ __device__ A sum_rows(A part, A* scratch) {
 
 // The frame every per-item pass shares: block (item, batch tile), lane b of the tile; each
 // thread's `part(item, b)` (its rows' share of the item's list, in the accumulation type) is
-// added over the block's rows in row order, and row 0 writes out[b * stride + item] (a null
-// `out` is not written). Every thread of the block must call it (sum_rows holds barriers).
-template <typename T, int Threads, typename Part>
+// added over the block's rows in row order, and row 0 writes out[b * stride + item] (with
+// Optional, a null `out` is not written). Every thread of the block must call it (sum_rows
+// holds barriers).
+template <typename T, int Threads, bool Optional, typename Part>
 __device__ void item_pass(int64_t batch, T* __restrict__ out, int64_t stride, Part part) {
   using acc = typename Num<T>::acc;
   __shared__ acc scratch[Threads];
   const int64_t item = blockIdx.x;
   const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const acc total = sum_rows(b < batch ? part(item, b) : acc(0), scratch);
-  if (out != nullptr && b < batch && threadIdx.y == 0) {
+  if ((!Optional || out != nullptr) && b < batch && threadIdx.y == 0) {
     out[b * stride + item] = Num<T>::out(total);
   }
 }
@@ -113,7 +114,7 @@ template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
   using acc = typename Num<T>::acc;
-  item_pass<T, Threads>(a.B, y, a.O, [&](int64_t o, int64_t b) {
+  item_pass<T, Threads, true>(a.B, y, a.O, [&](int64_t o, int64_t b) {
     acc part = acc(0);
     const int64_t end = a.output_ptr[o + 1];
     for (int64_t g = a.output_ptr[o] + threadIdx.y; g < end; g += blockDim.y) {
@@ -134,7 +135,7 @@ template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dx_kernel(Args<T> a, T* __restrict__ dx) {
   using acc = typename Num<T>::acc;
-  item_pass<T, Threads>(a.B, dx, a.I, [&](int64_t i, int64_t b) {
+  item_pass<T, Threads, false>(a.B, dx, a.I, [&](int64_t i, int64_t b) {
     acc part = acc(0);
     const int64_t end = a.input_ptr[i + 1];
 #pragma unroll 4
@@ -152,7 +153,7 @@ template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
   using acc = typename Num<T>::acc;
-  item_pass<T, Threads>(a.B, dact, a.P, [&](int64_t s, int64_t b) {
+  item_pass<T, Threads, false>(a.B, dact, a.P, [&](int64_t s, int64_t b) {
     acc part = acc(0);
     const int64_t end = a.path_ptr[s + 1];
 #pragma unroll 4
