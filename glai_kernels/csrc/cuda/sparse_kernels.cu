@@ -110,6 +110,18 @@ __device__ void item_pass(int64_t batch, T* __restrict__ out, int64_t stride, Pa
   }
 }
 
+// This thread's row's share of the sum of term(j) over an item's list [ptr[item], ptr[item + 1])
+// (dx: the input's entries; dact: the path's groups): the block's rows take the list in a fixed
+// stride.
+template <typename Acc, typename Term>
+__device__ Acc row_share(const int32_t* ptr, int64_t item, Term term) {
+  Acc part = Acc(0);
+  const int64_t end = ptr[item + 1];
+#pragma unroll 4
+  for (int64_t j = ptr[item] + threadIdx.y; j < end; j += blockDim.y) part += term(j);
+  return part;
+}
+
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
@@ -136,16 +148,12 @@ __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dx_kernel(Args<T> a, T* __restrict__ dx) {
   using acc = typename Num<T>::acc;
   item_pass<T, Threads, false>(a.B, dx, a.I, [&](int64_t i, int64_t b) {
-    acc part = acc(0);
-    const int64_t end = a.input_ptr[i + 1];
-#pragma unroll 4
-    for (int64_t j = a.input_ptr[i] + threadIdx.y; j < end; j += blockDim.y) {
+    return row_share<acc>(a.input_ptr, i, [&](int64_t j) {
       const int32_t k = a.input_entries[j];
       const int32_t g = a.entry_groups[k];
-      part += Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
-              a.at(a.actt, a.group_paths[g], b);
-    }
-    return part;
+      return Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
+             a.at(a.actt, a.group_paths[g], b);
+    });
   });
 }
 
@@ -154,14 +162,10 @@ __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
   using acc = typename Num<T>::acc;
   item_pass<T, Threads, false>(a.B, dact, a.P, [&](int64_t s, int64_t b) {
-    acc part = acc(0);
-    const int64_t end = a.path_ptr[s + 1];
-#pragma unroll 4
-    for (int64_t j = a.path_ptr[s] + threadIdx.y; j < end; j += blockDim.y) {
+    return row_share<acc>(a.path_ptr, s, [&](int64_t j) {
       const int32_t g = a.path_groups[j];
-      part += a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
-    }
-    return part;
+      return a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
+    });
   });
 }
 
