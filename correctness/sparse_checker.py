@@ -3,17 +3,19 @@ DENSE oracle on the masked weight (dvalues = the dense dweight at the kept entri
 dense tolerances; and the seeded cases and kept masks it and the raw-op tests draw.
 
 Shared by test_sparse.py (every backend through the registry), test_sparse_cpp.py,
-test_sparse_triton.py and test_kernel_adam.py.
+test_sparse_triton.py and test_kernel_adam.py; `oracle_failures` also by test_properties.py's
+sparse fuzzer, which draws its own cases and judges with its own verdict.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 import glai_kernels.sparse as sparse
-from glai_kernels.sparse import from_dense
+from glai_kernels.sparse import SparsePathWeight, from_dense
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
 from reference.tolerance import worst_error
 
@@ -58,35 +60,61 @@ def check_sparse(name: str, device: str, case: Case, *, dtype=torch.float32, see
         act = spread[:, ::2]
         assert not x.is_contiguous() and not act.is_contiguous()
     tensors = {"x": x, "act": act, "values": sw.values, "bias": b}
-    before = {n: t.detach().clone() for n, t in tensors.items() if t is not None}
-    for n, t in tensors.items():
-        if t is not None:
-            t.requires_grad_(n in grads)
     dense = (data.weight * mask).detach()
     tol = tolerance(dtype)
-    failures: list[str] = []
 
     def compare(quantity, actual, expected, scale):
         error = worst_error(actual, expected, scale)
         if not error <= tol or actual.dtype != dtype:
-            failures.append(f"{quantity}: error {error:.3g} (tolerance {tol:.3g}), "
-                            f"dtype {actual.dtype}")
+            return f"{quantity}: error {error:.3g} (tolerance {tol:.3g}), dtype {actual.dtype}"
+        return None
 
-    y = sparse.estimator(x, act, sw, b, backend=name)
-    compare("y", y, forward64(x, act, dense, b), abs_forward64(x, act, dense, b))
-    wanted = [n for n in ("x", "act", "values", "bias") if n in grads and tensors[n] is not None]
+    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(seed + 1),
+                     dtype=torch.float64).to(device, dtype)
+    return oracle_failures(name, tensors, set(grads), sw, dense, dy, compare)
+
+
+Compare = Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], "str | None"]
+"""(quantity, actual, expected float64, its absolute-sum scale) -> a failure message, or None."""
+
+
+def oracle_failures(name: str, tensors: dict[str, torch.Tensor | None], needs: set[str],
+                    sw: SparsePathWeight, dense: torch.Tensor, dy: torch.Tensor,
+                    compare: Compare) -> list[str]:
+    """What of sparse.estimator on backend `name` misses the float64 dense oracle on the
+    masked weight (empty when everything passes): y, then the gradient of each tensor named
+    in `needs` (dvalues = the dense dweight at the kept entries), each judged by `compare`;
+    and every input must be left as it was. `tensors` maps "x" [B, I], "act" [B, P], "values"
+    (sw.values) and "bias" [O] (or None) to the call's inputs, whose requires_grad this sets
+    from `needs`; `dense` is the masked weight [O, I, P]; dy is [B, O]."""
+    present = {n: t for n, t in tensors.items() if t is not None}
+    before = {n: t.detach().clone() for n, t in present.items()}
+    for n, t in present.items():
+        t.requires_grad_(n in needs)
+    x, act, bias = tensors["x"], tensors["act"], tensors.get("bias")
+    failures: list[str] = []
+
+    def judge(quantity, actual, expected, scale):
+        failure = compare(quantity, actual, expected, scale)
+        if failure is not None:
+            failures.append(failure)
+
+    y = sparse.estimator(x, act, sw, bias, backend=name)
+    judge("y", y, forward64(x, act, dense, bias), abs_forward64(x, act, dense, bias))
+    wanted = [n for n in present if n in needs]
     if wanted:
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1),
-                         dtype=torch.float64).to(device, dtype)
-        got = torch.autograd.grad(y, [tensors[n] for n in wanted], dy)
+        got = torch.autograd.grad(y, [present[n] for n in wanted], dy, allow_unused=True)
         expected = grads64(dy, x, act, dense)._asdict()
         scale = abs_grads64(dy, x, act, dense)._asdict()
         kept = sw.entries()
         expected["values"], scale["values"] = expected["weight"][kept], scale["weight"][kept]
         for n, g in zip(wanted, got, strict=True):
-            compare(f"d{n}", g, expected[n], scale[n])
+            if g is None:
+                failures.append(f"d{n}: no gradient")
+            else:
+                judge(f"d{n}", g, expected[n], scale[n])
     for n, t in before.items():
-        if not torch.equal(tensors[n].detach(), t):
+        if not torch.equal(present[n].detach(), t):
             failures.append(f"input {n} was modified")
     return failures
 

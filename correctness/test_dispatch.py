@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from auto_tables import check_auto_follows_table, write_table
 
 import glai_kernels
 from glai_kernels import dispatch, registry
@@ -35,11 +36,7 @@ def table_dir(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
     def write(entries: list[dict], kind: str | None = None) -> None:
-        kind = kind or dispatch.machine_kind("cpu")
-        dispatch.table_path(kind, tmp_path).write_text(json.dumps(
-            {"kind": dispatch.KIND, "schema": dispatch.SCHEMA, "machine_kind": kind,
-             "op": "estimator", "provenance": {"note": "test"}, "entries": entries}))
-        dispatch.clear_cache()
+        write_table(tmp_path, entries, kind)
 
     yield write
     dispatch.clear_cache()
@@ -54,17 +51,8 @@ def _args(batch: int = 3, grad: bool = True):
 
 def test_the_table_decides_where_it_has_an_entry(spies, table_dir):
     table_dir([_entry("spy_low", 4, mode="train"), _entry("spy_high", 4, mode="forward")])
-    glai_kernels.estimator(*_args()).sum().backward()  # weight alone needs a gradient: train
-    assert spies == ["spy_low.forward", "spy_low.backward"]
-    spies.clear()
-    with torch.no_grad():
-        glai_kernels.estimator(*_args())
-    assert spies == ["spy_high.forward"]
-    call = Call("train", 3, 4, 6, 5)
-    assert registry.pick_auto("cpu", torch.float32, call).name == "spy_low"
-    assert registry.auto_rule("cpu", torch.float32, call).startswith("measured")
-    # without a call's shape (inside torch.compile, say) the priorities decide
-    assert registry.pick_auto("cpu", torch.float32).name == "spy_high"
+    check_auto_follows_table(spies, registry.ESTIMATOR,
+                             lambda: glai_kernels.estimator(*_args()))
 
 
 def test_a_machine_kind_without_a_table_falls_back_to_priorities(spies, table_dir):

@@ -48,12 +48,12 @@ from fuzz import (
     sparse_cases,
 )
 from hypothesis import HealthCheck, given, seed, settings
+from sparse_checker import oracle_failures
 
 import glai_kernels
 import glai_kernels.sparse as sparse
 from glai_kernels import registry
 from glai_kernels.sparse import SPARSE_ESTIMATOR, SparsePathWeight, from_dense
-from reference import abs_forward64, abs_grads64, forward64, grads64
 from reference.verdict import judge
 
 EXAMPLES = int(os.environ.get("GLAI_FUZZ_EXAMPLES", "2000"))
@@ -127,37 +127,18 @@ def check_sparse_case(name: str, case: dict, device: str = "cpu") -> list[str]:
     data, dy = build(case, device)
     mask = kept_mask(case, device)
     sw = from_dense(data.weight.detach(), mask)
-    grads = case["grads"]
+    needs = set(case["grads"]) | ({"values"} if "weight" in case["grads"] else set())
     tensors = {"x": data.x, "act": data.act, "values": sw.values, "bias": data.bias}
-    tensors = {n: t for n, t in tensors.items() if t is not None}
-    before = {n: t.detach().clone() for n, t in tensors.items()}
-    for n, t in tensors.items():
-        t.requires_grad_(n in grads or (n == "values" and "weight" in grads))
-    x, act, bias = data.x, data.act, tensors.get("bias")
     dense = data.weight.detach().double() * mask
-    failures: list[str] = []
 
     def compare(quantity, actual, expected, scale):
         verdict = judge(actual, expected, scale, case["dtype"])
         if not verdict.ok:
-            failures.append(f"{quantity}: error {verdict.error:.3g} > tolerance "
-                            f"{verdict.tolerance:.3g} {verdict.reason}")
+            return (f"{quantity}: error {verdict.error:.3g} > tolerance "
+                    f"{verdict.tolerance:.3g} {verdict.reason}")
+        return None
 
-    y = sparse.estimator(x, act, sw, bias, backend=name)
-    compare("y", y, forward64(x, act, dense, bias), abs_forward64(x, act, dense, bias))
-    wanted = [n for n in tensors if tensors[n].requires_grad]
-    if wanted:
-        got = torch.autograd.grad(y, [tensors[n] for n in wanted], dy, allow_unused=True)
-        expected = grads64(dy, x, act, dense)._asdict()
-        scale = abs_grads64(dy, x, act, dense)._asdict()
-        kept = sw.entries()
-        expected["values"], scale["values"] = expected["weight"][kept], scale["weight"][kept]
-        for n, g in zip(wanted, got, strict=True):
-            compare(f"d{n}", g, expected[n], scale[n])
-    for n, t in before.items():
-        if not torch.equal(tensors[n].detach(), t):
-            failures.append(f"input {n} was modified")
-    return failures
+    return oracle_failures(name, tensors, needs, sw, dense, dy, compare)
 
 
 def check_sparse_double_backward(name: str, case: dict, device: str = "cpu") -> list[str]:

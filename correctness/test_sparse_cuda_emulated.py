@@ -20,9 +20,10 @@ import ctypes
 from pathlib import Path
 
 import pytest
+import sparse_nonfinite as nonfinite
 import torch
 from emulated_build import build_emulated
-from sparse_nonfinite import kind, nonfinite_case, term_sums64
+from sparse_cuda_abi import DTYPES, INVALID_VALUE, SparseProblem, ptr
 
 from glai_kernels.sparse import KeptIndex, from_dense
 from glai_kernels.sparse.reference import backward64, forward64, group_sums64
@@ -32,18 +33,6 @@ from reference.tolerance import worst_error
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "sparse_kernels.cu"
 
-DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-INVALID_VALUE = 1  # cudaErrorInvalidValue
-
-
-class SparseProblem(ctypes.Structure):
-    """sparse_kernels.cuh's glai_sparse_problem."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in ("xt", "actt", "values", "dyt")]
-    _fields_ += [(name, ctypes.c_void_p) for name in KeptIndex._fields]
-    _fields_ += [(name, ctypes.c_int64) for name in ("batch", "inputs_count", "paths", "outputs",
-                                                     "nnz", "groups")]
-    _fields_ += [("dtype", ctypes.c_int)]
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +52,6 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     return lib
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None and t.numel() else None
-
-
 class Call:
     """One problem's tensors, kept alive while the C side holds their pointers."""
 
@@ -78,8 +63,8 @@ class Call:
         outputs, _, paths = index.shape
         self.acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         self.struct = SparseProblem(
-            _ptr(self.xt), _ptr(self.actt), _ptr(self.values), _ptr(self.dyt),
-            *(_ptr(t) for t in index), batch, inputs, paths, outputs, index.nnz, index.groups,
+            ptr(self.xt), ptr(self.actt), ptr(self.values), ptr(self.dyt),
+            *(ptr(t) for t in index), batch, inputs, paths, outputs, index.nnz, index.groups,
             DTYPES[x.dtype])
 
     def ref(self):
@@ -223,12 +208,9 @@ def test_bad_launches_are_refused(kernels):
 def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
     infinite = {"y": False, "dact": False}
     for seed in range(6):
-        x, act, sw, dy = nonfinite_case(seed, batch, dtype)
+        x, act, sw, dy = nonfinite.nonfinite_case(seed, batch, dtype)
         values, index = sw.values.detach(), sw.index
-        terms = term_sums64(dy, x, act, values, index)
-        grouped = (forward64(x, act, values, index), *backward64(dy, x, act, values, index))
-        scale = term_sums64(dy, x.nan_to_num(0, 0, 0), act.nan_to_num(0, 0, 0),
-                            values.nan_to_num(0, 0, 0), index, absolute=True)
+        terms, grouped, scale = nonfinite.oracles64(x, act, values, index, dy)
         call = Call(x, act, values, index, dy)
         y, zgt = _nan((batch, index.shape[0]), dtype), _nan((index.groups, batch), call.acc)
         dx, dact = _nan(x.shape, dtype), _nan(act.shape, dtype)
@@ -240,41 +222,24 @@ def test_nan_and_inf_propagate_as_the_float64_sums(kernels, batch, dtype):
         got = {"y": y, "dx": dx, "dact": dact, "dvalues": dv}
         for (name, actual), term, group, size in zip(got.items(), terms, grouped, scale,
                                                      strict=True):
-            where = f"{name} (seed {seed})"
-            k = kind(actual)
-            wrong = (k != kind(term)) & (k != kind(group))
-            assert not bool(wrong.any()), f"{where}: {actual[wrong].tolist()}"
             # float16 (no gates' floor here, unlike the fuzzer): a sum of a few products of
             # normals can fall below its normal range, where the relative tolerance means
             # nothing; its classes are checked, not its finite values
-            if dtype != torch.float16:
-                finite = (kind(term) == 0) & (kind(group) == 0)
-                error = (actual.double() - group).abs()[finite]
-                assert bool((error <= tolerance(dtype) * size[finite]).all()), where
+            reached = nonfinite.assert_as_the_sums(f"{name} (seed {seed})", actual, term,
+                                                   group, size, dtype,
+                                                   finite_values=dtype != torch.float16)
             if name in infinite:
-                infinite[name] |= bool(group.isinf().any())
+                infinite[name] |= reached
     assert all(infinite.values())  # the planted values reached ±inf in y and dact
 
 
 def test_an_infinite_value_in_a_short_group_stays_inf(kernels):
     """test_sparse_contract.py's case of the padded rounds: one kept entry per group, an
     infinite value, B = 29 (one partial tile of 32 lanes); y and dact are ±inf, never NaN."""
-    mask = torch.zeros(3, 1, 3, dtype=torch.bool)
-    mask[0, 0, 1] = mask[0, 0, 2] = mask[1, 0, 0] = True
-    sw = from_dense(torch.tensor([[[1.0, 2.0, -3.0]], [[4.0, 5.0, 6.0]], [[0.0] * 3]]), mask)
-    values = sw.values.detach().clone()
-    values[1] = float("inf")  # group (0, 2)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(29, 1, generator=gen) + 0.5
-    act = torch.rand(29, 3, generator=gen) + 0.5
-    dy = torch.rand(29, 3, generator=gen) + 0.5
-    call = Call(x, act, values, sw.index, dy)
+    x, act, sw, dy = nonfinite.short_group_case()
+    call = Call(x, act, sw.values.detach(), sw.index, dy)
     y, zgt = _nan((29, 3), torch.float32), _nan((sw.index.groups, 29), torch.float32)
     dact = _nan((29, 3), torch.float32)
     assert kernels.glai_sparse_forward(call.ref(), y.data_ptr(), zgt.data_ptr(), None) == 0
     assert kernels.glai_sparse_dact(call.ref(), zgt.data_ptr(), dact.data_ptr(), None) == 0
-    expected_y = forward64(x, act, values, sw.index)
-    expected_dact = backward64(dy, x, act, values, sw.index)[1]
-    assert bool(expected_y[:, 0].isinf().all()) and bool(expected_dact[:, 2].isinf().all())
-    assert torch.equal(kind(y), kind(expected_y))
-    assert torch.equal(kind(dact), kind(expected_dact))
+    nonfinite.assert_short_group_classes("the emulated kernels", y, dact, x, act, sw, dy)

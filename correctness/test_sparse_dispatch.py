@@ -4,10 +4,9 @@ dense table never steers it."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from auto_tables import check_auto_follows_table, write_table
 
 from glai_kernels import dispatch, sparse
 from glai_kernels.dispatch import Call
@@ -53,11 +52,7 @@ def table_dir(tmp_path, monkeypatch):
     dispatch.clear_cache()
 
     def write(entries: list[dict], op: str = OP, field_op: str | None = None) -> None:
-        kind = dispatch.machine_kind("cpu")
-        dispatch.table_path(kind, tmp_path, op=op).write_text(json.dumps(
-            {"kind": dispatch.KIND, "schema": dispatch.SCHEMA, "machine_kind": kind,
-             "op": field_op or op, "provenance": {"note": "test"}, "entries": entries}))
-        dispatch.clear_cache()
+        write_table(tmp_path, entries, op=op, field_op=field_op)
 
     yield write
     dispatch.clear_cache()
@@ -87,17 +82,7 @@ def test_the_sparse_table_is_named_per_op():
 def test_sparse_auto_follows_its_table(spies, table_dir):
     table_dir([_entry("spy_low", "train"), _entry("spy_high", "forward")])
     assert dispatch.has_table("cpu", OP)
-    sparse.estimator(*_args()).sum().backward()  # the values alone need a gradient: train
-    assert spies == ["spy_low.forward", "spy_low.backward"]
-    spies.clear()
-    with torch.no_grad():
-        sparse.estimator(*_args())
-    assert spies == ["spy_high.forward"]
-    call = Call("train", 3, 4, 6, 5)
-    assert SPARSE_ESTIMATOR.pick_auto("cpu", torch.float32, call).name == "spy_low"
-    assert SPARSE_ESTIMATOR.auto_rule("cpu", torch.float32, call).startswith("measured")
-    # without a call's shape (inside torch.compile, say) the priorities decide
-    assert SPARSE_ESTIMATOR.pick_auto("cpu", torch.float32).name == "spy_high"
+    check_auto_follows_table(spies, SPARSE_ESTIMATOR, lambda: sparse.estimator(*_args()))
 
 
 def test_without_a_sparse_table_the_priorities_decide(spies, table_dir):

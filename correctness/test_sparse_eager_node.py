@@ -113,11 +113,17 @@ def test_gradcheck_and_gradgradcheck_through_the_node():
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
-def test_node_sees_a_saved_input_modified():
-    x, act, values, index, dy, _ = _problem(torch.float32, seed=1)
+def _recorded(seed: int):
+    """(x, sw, dy, y): y from the node on a float32 problem whose values alone need a
+    gradient."""
+    x, act, values, index, dy, _ = _problem(torch.float32, seed=seed)
     sw = _weight(index, values)
     sw.values.requires_grad_()
-    y = sparse.estimator(x, act, sw, backend="cpp")
+    return x, sw, dy, sparse.estimator(x, act, sw, backend="cpp")
+
+
+def test_node_sees_a_saved_input_modified():
+    x, sw, dy, y = _recorded(seed=1)
     with torch.no_grad():
         x.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -125,10 +131,7 @@ def test_node_sees_a_saved_input_modified():
 
 
 def test_node_frees_its_saved_tensors():
-    x, act, values, index, dy, _ = _problem(torch.float32, seed=2)
-    sw = _weight(index, values)
-    sw.values.requires_grad_()
-    y = sparse.estimator(x, act, sw, backend="cpp")
+    _, sw, dy, y = _recorded(seed=2)
     first = torch.autograd.grad(y, [sw.values], dy, retain_graph=True)[0]
     assert torch.equal(torch.autograd.grad(y, [sw.values], dy)[0], first)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):

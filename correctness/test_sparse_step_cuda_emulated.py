@@ -24,27 +24,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from emulated_build import build_emulated
+from sparse_cuda_abi import DTYPES, INVALID_VALUE, SparseProblem, ptr
 
-from glai_kernels.sparse import KeptIndex, estimator, from_dense
+from glai_kernels.sparse import estimator, from_dense
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "sparse_step_kernels.cu"
 
-DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2}
-INVALID_VALUE = 1  # cudaErrorInvalidValue
 STEPS = 4
 # as test_kernel_adam.py: after a few updates, a few ulps per operation amplified by 1/sqrt(v)
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-6}, torch.float64: {"rtol": 1e-12, "atol": 1e-13}}
-
-
-class SparseProblem(ctypes.Structure):
-    """sparse_kernels.cuh's glai_sparse_problem."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in ("xt", "actt", "values", "dyt")]
-    _fields_ += [(name, ctypes.c_void_p) for name in KeptIndex._fields]
-    _fields_ += [(name, ctypes.c_int64) for name in ("batch", "inputs_count", "paths", "outputs",
-                                                     "nnz", "groups")]
-    _fields_ += [("dtype", ctypes.c_int)]
 
 
 class AdamStep(ctypes.Structure):
@@ -69,10 +58,6 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, step,
                                    ctypes.c_void_p]
     return lib
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None and t.numel() else None
 
 
 # (B, I, P, O), kept entries. Lanes: 8 for B <= 8, 16 for B <= 16, else 32; 256 / lanes rows,
@@ -154,8 +139,8 @@ def _kernel_steps(kernels, problem: Problem, decoupled: bool, weight_decay: floa
         hyper = AdamStep(1e-2, 0.9, 0.999, weight_decay, 1e-8, float(count),
                          count.data_ptr() if device_step else None, int(decoupled))
         xt, actt, dyt = x.t().contiguous(), act.t().contiguous(), dy.t().contiguous()
-        problem_c = SparseProblem(_ptr(xt), _ptr(actt), None, _ptr(dyt),
-                                  *(_ptr(t) for t in index), x.shape[0], inputs, paths, outputs,
+        problem_c = SparseProblem(ptr(xt), ptr(actt), None, ptr(dyt),
+                                  *(ptr(t) for t in index), x.shape[0], inputs, paths, outputs,
                                   index.nnz, index.groups, DTYPES[problem.dtype])
         assert kernels.glai_sparse_dvalues_adam(ctypes.byref(problem_c), w.data_ptr(),
                                                 moments[0].data_ptr(), moments[1].data_ptr(),
@@ -253,7 +238,7 @@ def test_a_batch_of_zero_rows_updates_with_a_zero_gradient(kernels):
     w = problem.sw.values.detach().clone()
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     outputs, inputs, paths = index.shape
-    c = SparseProblem(None, None, None, None, *(_ptr(t) for t in index), 0, inputs, paths,
+    c = SparseProblem(None, None, None, None, *(ptr(t) for t in index), 0, inputs, paths,
                       outputs, index.nnz, index.groups, DTYPES[torch.float32])
     hyper = AdamStep(1e-2, 0.9, 0.999, 0.1, 1e-8, 1.0, None, 1)
     assert kernels.glai_sparse_dvalues_adam(ctypes.byref(c), w.data_ptr(), m.data_ptr(),

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.gate.stats import GROUP_KEY, RATIO_KEY, ratios, thresholds_from
-from bench.reporting.history import machine_kind, slug, write_atomic
+from bench.reporting.history import machine_kind, read_json_object, slug, write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = ROOT / "reports" / "baseline"
@@ -60,32 +61,23 @@ def load_baseline(machine: str, baseline_dir: Path = BASELINE_DIR) -> dict | Non
     path = baseline_path(machine, baseline_dir)
     if not path.exists():
         return None
-    baseline = _read_object(path, "baseline")
-    try:
-        check_baseline(baseline)
-    except ValueError as e:
-        raise ValueError(f"{path}: not a usable gate baseline: {e}") from None
-    return baseline
+    return _read_checked(path, "baseline", check_baseline, "gate baseline")
 
 
 def read_results(path: Path) -> dict:
     """A results.json dict (as `glai-bench run` or `gate measure` writes it) read from `path`
     for the gate; ValueError naming the file when it lacks what the gate reads."""
-    results = _read_object(path, "results file")
+    return _read_checked(path, "results file", check_results, "results.json")
+
+
+def _read_checked(path: Path, what: str, check: Callable[[dict], None], usable: str) -> dict:
+    """The JSON object in `path` once `check` passes it; ValueError naming the file: not
+    JSON or not an object (`read_json_object`), or "not a usable <usable>" and why."""
+    raw = read_json_object(path, what)
     try:
-        check_results(results)
+        check(raw)
     except ValueError as e:
-        raise ValueError(f"{path}: not a usable results.json: {e}") from None
-    return results
-
-
-def _read_object(path: Path, what: str) -> dict:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path}: {what} not readable as JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: {what} is a JSON {type(raw).__name__}, expected an object")
+        raise ValueError(f"{path}: not a usable {usable}: {e}") from None
     return raw
 
 

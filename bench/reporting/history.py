@@ -167,6 +167,18 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in `path`; ValueError naming the file and `what` it should hold
+    ("baseline", "results file") when it cannot be read, is not JSON, or is not an object."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: {what} not readable as JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: {what} is a JSON {type(raw).__name__}, expected an object")
+    return raw
+
+
 def _create_new(path: Path, text: str) -> None:
     """Write `text` to `path` only if no such file exists (FileExistsError otherwise)."""
     with open(path, "x") as f:

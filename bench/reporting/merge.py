@@ -33,7 +33,6 @@ every folder given is one:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from bench.harness import shards as shards_mod
 from bench.harness.ceilings import Ceilings
 from bench.harness.results import COLUMNS, KEY_COLUMNS, MEASURE_COLUMNS
 from bench.harness.suite import write_reports
+from bench.reporting.history import read_json_object
 
 # what makes two rows the same measurement
 ROW_KEY = ["backend", "dtype", "pass", "batch", "inputs", "paths", "outputs", "sweep", "mu"]
@@ -87,12 +87,7 @@ def load(run: Path | str) -> tuple[pd.DataFrame, dict]:
 def read_meta(path: Path) -> dict:
     """A run's results.json, checked for what the reports read of it (the provenance's
     machine and device, the ceilings); ValueError naming `path` otherwise."""
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path}: not a readable results.json ({e})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: a JSON {type(meta).__name__}, expected a results.json object")
+    meta = read_json_object(path, "results file")
     wrong = [f"{k} is {_type_name(meta.get(k))}, expected {what}"
              for k, (kind, what) in META_FIELDS.items() if not isinstance(meta.get(k), kind)]
     wrong += [f"{part}.{k} is {_type_name(meta[part].get(k))}, expected {what}"

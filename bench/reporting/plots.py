@@ -41,6 +41,13 @@ MARKERS = {"forward": "o", "backward": "s", "both": "^", "train": "D"}
 LINESTYLES = ("-", "--", ":", "-.")
 
 
+def _saved(fig, path: Path) -> Path:
+    """Write `fig` to `path` at the charts' resolution and free it."""
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def _colors(backends: list[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10")
     return {b: cmap(i % 10) for i, b in enumerate(backends)}
@@ -118,9 +125,7 @@ def roofline(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     fig.legend(handles=markers, fontsize=8, loc="outside right center")
     fig.suptitle(f"Roofline: every measurement under this run's ceilings\n{_subtitle(meta)}",
                  fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def _heatmap(ax, grid: pd.DataFrame, title: str, xlabel: str, ylabel: str, norm):
@@ -160,6 +165,25 @@ def _has_peer_ratio(sub: pd.DataFrame) -> bool:
     return PEER_COLUMN in sub and sub[PEER_COLUMN].notna().any()
 
 
+def _speedup_metrics(ok: pd.DataFrame, meta: dict) -> list[tuple[str, str]]:
+    """(column, label) of each speedup chart's rows or columns of panels: the speedup over the
+    baseline, then, when peers ran (`ok` holds a ratio to the best one), that ratio."""
+    metrics = [("speedup_vs_baseline", f"over {_baseline(meta)}")]
+    if _has_peer_ratio(ok):
+        metrics.append((PEER_COLUMN, "over the best peer"))
+    return metrics
+
+
+def _speedup_panels(fig, values: pd.Series, label: str, panels: list) -> None:
+    """One metric's heatmaps, panels [(ax, grid, title, xlabel, ylabel)], on one color
+    scale spanning `values`, with one colorbar beside them all."""
+    norm = _speedup_norm(values)
+    im = None
+    for ax, grid, title, xlabel, ylabel in panels:
+        im = _heatmap(ax, grid, title, xlabel, ylabel, norm)
+    _speedup_colorbar(fig, im, [panel[0] for panel in panels], label.removeprefix("over "))
+
+
 def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     """Heads × batch heatmaps per backend: the speedup over the baseline (top row) and, when
     peers ran, the ratio to the best peer (bottom row, bench/harness/peers.py)."""
@@ -169,30 +193,25 @@ def speedup_heads(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     if sub.empty:
         return None
     backends = list(dict.fromkeys(sub["backend"]))
-    metrics = [("speedup_vs_baseline", f"over {_baseline(meta)}")]
-    if _has_peer_ratio(sub):
-        metrics.append((PEER_COLUMN, "over the best peer"))
+    metrics = _speedup_metrics(sub, meta)
     fig, axes = plt.subplots(len(metrics), len(backends), squeeze=False, layout="constrained",
                              figsize=(max(8, 4.2 * len(backends) + 1), 4.5 * len(metrics)))
     for row, (column, label) in enumerate(metrics):
-        norm = _speedup_norm(sub[column])
-        im = None
+        panels = []
         for ax, backend in zip(axes[row], backends, strict=True):
             grid = (df[(df["sweep"] == "heads") & (df["pass"] == pass_)
                        & (df["dtype"] == dtype) & (df["backend"] == backend)]
                     .pivot_table(index="head", columns="batch", values=column,
                                  aggfunc="first", dropna=False))
-            im = _heatmap(ax, grid, f"{backend}, {label}", "batch B", "head", norm)
-        _speedup_colorbar(fig, im, axes[row].tolist(), label.removeprefix("over "))
+            panels.append((ax, grid, f"{backend}, {label}", "batch B", "head"))
+        _speedup_panels(fig, sub[column], label, panels)
     peers = (f"; best peer: fastest of {', '.join(meta.get('peers', []))}"
              if len(metrics) > 1 else "")
     also = " and the best peer" if peers else ""
     fig.suptitle(f"Speedup over the {_baseline(meta)} baseline{also}, paper heads, {pass_} pass, "
                  f"{dtype} (– = not measured{peers})\n"
                  f"{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
@@ -204,29 +223,24 @@ def speedup_sweeps(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     sweeps = list(dict.fromkeys(sub["sweep"]))
     if _ok(sub).empty:
         return None
-    metrics = [("speedup_vs_baseline", f"over {_baseline(meta)}")]
-    if _has_peer_ratio(_ok(sub)):
-        metrics.append((PEER_COLUMN, "over the best peer"))
+    metrics = _speedup_metrics(_ok(sub), meta)
     height = 1.5 + len(sweeps) * (0.6 + 0.45 * sub["backend"].nunique())
     fig, axes = plt.subplots(len(sweeps), len(metrics), figsize=(9 * len(metrics), height),
                              squeeze=False, layout="constrained")
     axis_of = {"batch": "batch", "inputs": "inputs", "paths": "paths", "outputs": "outputs"}
     for col, (column, label) in enumerate(metrics):
-        norm = _speedup_norm(_ok(sub)[column])
-        im = None
+        panels = []
         for ax, sweep in zip(axes[:, col], sweeps, strict=True):
-            s = sub[sub["sweep"] == sweep]
             axis = axis_of[sweep.split("@")[0]]
-            grid = s.pivot_table(index="backend", columns=axis, values=column,
-                                 aggfunc="first", dropna=False)
-            im = _heatmap(ax, grid, f"{sweep}, {label}", axis, "", norm)
-        _speedup_colorbar(fig, im, axes[:, col].tolist(), label.removeprefix("over "))
+            grid = sub[sub["sweep"] == sweep].pivot_table(index="backend", columns=axis,
+                                                         values=column, aggfunc="first",
+                                                         dropna=False)
+            panels.append((ax, grid, f"{sweep}, {label}", axis, ""))
+        _speedup_panels(fig, _ok(sub)[column], label, panels)
     fig.suptitle(f"Speedup over {_baseline(meta)}"
                  f"{' and over the best peer' if len(metrics) > 1 else ''} along each one-axis "
                  f"sweep, {pass_} pass, {dtype}\n{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def time_vs_batch(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
@@ -265,9 +279,7 @@ def time_vs_batch(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         ax.axis("off")
     fig.suptitle(f"Time per call against batch (median, IQR bars), {dtype}; solid = {pass_}, "
                  f"dashed = forward\n{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
@@ -315,9 +327,7 @@ def fwd_bwd_split(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
         fontsize=7)
     fig.suptitle(f"Forward (light) and backward (dark, all three gradients) time, {dtype}; "
                  f"bar = both measured in one call\n{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def kept_fraction(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
@@ -375,9 +385,7 @@ def kept_fraction(df: pd.DataFrame, meta: dict, path: Path) -> Path | None:
     fig.legend(handles=handles, fontsize=8, loc="outside right center")
     fig.suptitle(f"Time per call against the kept fraction μ (median; forward = estimator "
                  f"alone, step = whole training step)\n{_subtitle(meta)}", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 CHARTS = {

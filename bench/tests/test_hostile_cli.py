@@ -261,7 +261,8 @@ def test_a_folder_of_garbage_is_refused_and_the_old_report_kept(command, garbage
     argv = [command, str(out_dir)] if command == "render" else [command, str(out_dir),
                                                                  str(garbage_run)]
     code, out = call(argv, capsys)
-    assert code == 2 and f"{garbage_run / 'results.json'}: not a readable results.json" in out
+    where = garbage_run / "results.json"
+    assert code == 2 and f"{where}: results file not readable as JSON" in out
     assert (out_dir / "summary.md").read_text() == "the good summary\n"
 
 
@@ -304,7 +305,8 @@ def test_render_of_a_good_run_replaces_its_report(tmp_path, capsys):
 def test_an_empty_folder_is_not_a_run(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code, out = call(["render", str(tmp_path / "empty")], capsys)
-    assert code == 2 and f"{tmp_path / 'empty' / 'results.json'}: not a readable" in out
+    where = tmp_path / "empty" / "results.json"
+    assert code == 2 and f"{where}: results file not readable as JSON" in out
 
 
 def test_merge_of_runs_that_do_not_fit_keeps_the_old_report(tmp_path, capsys):

@@ -161,17 +161,8 @@ if [ "$ENERGY_S" -gt 0 ]; then
       --energy-window 1 --time-limit $(( budget - margin )) --out /tmp/bench_cuda/energy \
       --no-history --no-plots >>"$OUT/bench.log" 2>&1
     echo "energy rc=$?" | tee -a "$OUT/steps.txt"
-    "$PY" - >>"$OUT/bench.log" 2>&1 <<'EOF'
-import csv, os
-path = "/tmp/bench_cuda/energy/results.csv"
-rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
-print("energy (NVML, windows of >= 1 s): head B pass backend median_us J/call W window_s note"
-      + ("" if rows else f": none, no {path} (the step ended before writing it)"))
-for r in rows:
-    us = f"{float(r['median_s']) * 1e6:.1f}" if r["median_s"] else "-"
-    print(" ", r["head"], r["batch"], r["pass"], r["backend"], us, r["energy_j"] or "-",
-          r["power_w"] or "-", r["energy_window_s"] or "-", r["note"])
-EOF
+    "$PY" -m bench.tools.lease_summaries energy /tmp/bench_cuda/energy/results.csv \
+      >>"$OUT/bench.log" 2>&1
   else
     echo "energy: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
   fi
@@ -248,24 +239,7 @@ if [ "${TRITON_S:-0}" -gt 0 ]; then
     >>"$OUT/bench.log" 2>&1
   echo "triton rc=$?" | tee -a "$OUT/steps.txt"
   cp -r "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/bench_cuda_triton/ 2>/dev/null
-  "$PY" - >>"$OUT/bench.log" 2>&1 <<'EOF'
-import csv, glob, json, os
-path = "/tmp/bench_cuda_triton/results.csv"
-rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
-print("triton autotune s, each row's first call (the suite times the calls after it)"
-      + (":" if rows else f": none, no {path} (the step ended before writing it)"))
-for r in rows:
-    if r["backend"] == "triton" and r["first_call_s"]:
-        median = f"{float(r['median_s']) * 1e6:.1f} us" if r["median_s"] else r["note"]
-        print(f"  {r['head']} B={r['batch']} {r['pass']}: {float(r['first_call_s']):.2f} s "
-              f"(then {median})")
-print("triton autotune s, each kernel's tuning per new shape (glai_kernels/triton_tuning.py):")
-for path in sorted(glob.glob("/tmp/bench_cuda_triton/triton-autotune/*.json")):
-    d = json.load(open(path))
-    k = d["key"]
-    print(f"  {d['kernel']} B<={k['B']} I={k['I']} P={k['P']} O={k['O']} {k['precision']}: "
-          f"{d['tune_s']} s, {len(d['timings_s'])} configs timed, chose {d['config']}")
-EOF
+  "$PY" -m bench.tools.lease_summaries triton /tmp/bench_cuda_triton >>"$OUT/bench.log" 2>&1
 fi
 if [ "${REPEATS:-0}" -gt 0 ]; then
   # the host-bound small heads' medians move between runs (docs/notes/cuda.md, "An H200 lease"):

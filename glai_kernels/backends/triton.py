@@ -128,6 +128,20 @@ def _mma(acc, a, b, FMA: tl.constexpr, PRECISION: tl.constexpr, EMULATE_TF32: tl
 
 
 @_jit
+def _store_tile(ptr, value, rows, cols, row_mask, col_mask, N, piece, B, PARTIAL: tl.constexpr,
+                OUT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Store the tile `value` [R, C] (ACC) at [rows, cols] of a row-major [B, N] result, masked:
+    rounded once to OUT, or, PARTIAL, as it is into slice `piece` of an [S, B, N] workspace
+    whose slices are summed in a fixed order after (`_sum_slices_kernel`)."""
+    offsets = rows[:, None] * N + cols[None, :]
+    mask = row_mask[:, None] & col_mask[None, :]
+    if PARTIAL:
+        tl.store(ptr + tl.cast(piece, tl.int64) * B * N + offsets, value, mask=mask)
+    else:
+        tl.store(ptr + offsets, _rounded(value, OUT, EMULATE_BF16), mask=mask)
+
+
+@_jit
 def _outer_tile(x_ptr, act_ptr, rows, ks, B, I, P, k_end, ACC: tl.constexpr):
     """U[b, k] = x[b, k // P] * act[b, k % P] for rows [R] (int64) and ks [C] (int64): an
     [R, C] tile in ACC, zero outside b < B, k < k_end. Never leaves registers."""
@@ -277,23 +291,15 @@ def _grad_inputs_kernel(
         input_mask = inputs < I
         if NEED_X:
             dx_part = tl.sum(g3 * act_tile[:, None, :], axis=2)  # [BB, BI]
-            offsets = rows[:, None] * I + inputs[None, :]
-            mask = row_mask[:, None] & input_mask[None, :]
-            if DX_PARTIAL:
-                tl.store(dx_ptr + tl.cast(s_block, tl.int64) * B * I + offsets, dx_part, mask=mask)
-            else:
-                tl.store(dx_ptr + offsets, _rounded(dx_part, OUT, EMULATE_BF16), mask=mask)
+            _store_tile(dx_ptr, dx_part, rows, inputs, row_mask, input_mask, I, s_block, B,
+                        DX_PARTIAL, OUT, EMULATE_BF16)
         if NEED_ACT:
             x_tile = tl.load(x_ptr + rows[:, None] * I + inputs[None, :],
                              mask=row_mask[:, None] & input_mask[None, :], other=0.0).to(ACC)
             dact += tl.sum(g3 * x_tile[:, :, None], axis=1)  # [BB, BS]
     if NEED_ACT:
-        offsets = rows[:, None] * P + paths[None, :]
-        mask = row_mask[:, None] & path_mask[None, :]
-        if DACT_PARTIAL:
-            tl.store(dact_ptr + tl.cast(piece, tl.int64) * B * P + offsets, dact, mask=mask)
-        else:
-            tl.store(dact_ptr + offsets, _rounded(dact, OUT, EMULATE_BF16), mask=mask)
+        _store_tile(dact_ptr, dact, rows, paths, row_mask, path_mask, P, piece, B, DACT_PARTIAL,
+                    OUT, EMULATE_BF16)
 
 
 # ----------------------------------------------------------------------------------------
@@ -433,6 +439,16 @@ def _tuned(kernel: str, x: torch.Tensor, weight: torch.Tensor, candidates, time_
                                 time_one)
 
 
+def _config(kernel: str, x: torch.Tensor, weight: torch.Tensor, candidates, by_rule, time_one,
+            **extra) -> object:
+    """The config `kernel` runs with when the caller forces none: on a GPU, the one `_tuned`
+    chooses among `candidates` (timed by `time_one`); otherwise (the interpreter, float64,
+    deterministic mode: `_autotunes`) `by_rule(shape, dtype, device)`."""
+    if _autotunes(x.dtype):
+        return _tuned(kernel, x, weight, candidates, time_one, **extra)
+    return by_rule(Shape(*_sizes(x, weight)[:4]), x.dtype, x.device)
+
+
 # ----------------------------------------------------------------------------------------
 # Launchers: triton_forward and triton_backward (inputs contiguous, one dtype and device)
 
@@ -504,12 +520,10 @@ def triton_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
     acc = _accumulation(x.dtype)
     deterministic = torch.are_deterministic_algorithms_enabled()
     with _on_device(x):
-        if config is None and _autotunes(x.dtype):
-            config = _tuned(
-                "forward", x, weight, forward_candidates,
+        if config is None:
+            config = _config(
+                "forward", x, weight, forward_candidates, forward_config,
                 lambda c: _bench_s(lambda: triton_forward(x, act, weight, config=c)))
-        elif config is None:
-            config = forward_config(Shape(*sizes[:4]), x.dtype, x.device)
         y = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
         ws = y  # not touched when K is not split
         if config.split_k > 1 and deterministic:
@@ -535,13 +549,9 @@ def triton_forward(x: torch.Tensor, act: torch.Tensor, weight: torch.Tensor, *,
 def _grad_weight(dy, x, act, weight, config: GradWeightConfig | None) -> torch.Tensor:
     sizes = _, _, _, outputs, k = _sizes(x, weight)
     if config is None:
-        if _autotunes(x.dtype):
-            config = _tuned(
-                "grad_weight", x, weight,
-                grad_weight_candidates,
-                lambda c: _bench_s(lambda: _grad_weight(dy, x, act, weight, c)))
-        else:
-            config = grad_weight_config(Shape(*sizes[:4]), x.dtype, x.device)
+        config = _config(
+            "grad_weight", x, weight, grad_weight_candidates, grad_weight_config,
+            lambda c: _bench_s(lambda: _grad_weight(dy, x, act, weight, c)))
     numerics = _numerics(x.dtype)
     dweight = torch.empty_like(weight)
     grid = (triton.cdiv(outputs, config.block_o), triton.cdiv(k, config.block_k))
@@ -556,14 +566,10 @@ def _grad_inputs(dy, x, act, weight, need_x: bool, need_act: bool,
                  config: GradInputsConfig | None):
     sizes = batch, inputs, paths, _, _ = _sizes(x, weight)
     if config is None:
-        if _autotunes(x.dtype):
-            config = _tuned(
-                "grad_inputs", x, weight,
-                grad_inputs_candidates,
-                lambda c: _bench_s(lambda: _grad_inputs(dy, x, act, weight, need_x, need_act, c)),
-                need_x=need_x, need_act=need_act)
-        else:
-            config = grad_inputs_config(Shape(*sizes[:4]), x.dtype, x.device)
+        config = _config(
+            "grad_inputs", x, weight, grad_inputs_candidates, grad_inputs_config,
+            lambda c: _bench_s(lambda: _grad_inputs(dy, x, act, weight, need_x, need_act, c)),
+            need_x=need_x, need_act=need_act)
     numerics = _numerics(x.dtype)
     acc = _accumulation(x.dtype)
     s_blocks = triton.cdiv(paths, config.block_s)

@@ -11,12 +11,14 @@
 //   dx        block per (input i, batch tile): rows take i's entries (input_entries).
 //   dact      block per (path s, batch tile): rows take s's groups (path_groups), dy Zg.
 //   dvalues   each row takes 4 entries per step (grid-stride), lanes take the batch, and
-//             each entry's lane partial sums are added in lane order by one thread.
+//             each entry's lane partial sums are added in lane order by one thread (the loop
+//             is entry_sums.cuh's, shared with the fused step's dvalues + Adam).
 // Index values are int32 (layout.py); every address built from them is int64.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "sparse_kernels.cuh"
+#include "entry_sums.cuh"
 #include "num.cuh"
 
 namespace {
@@ -31,9 +33,10 @@ namespace {
   kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
 #endif
 
-__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 using glai_cuda_num::Num;  // storage type -> accumulation type and conversions
+using glai_cuda_sparse::cdiv;
+using glai_cuda_sparse::kEntriesPerRow;
+using glai_cuda_sparse::lanes_for;
 
 constexpr int kThreads = 256;
 // A per-item pass with fewer blocks than this (B1's forward: 128 outputs at B = 16) runs
@@ -49,12 +52,6 @@ struct Bounds {
   static constexpr int blocks = Threads == kThreads ? 6 : 1;
 };
 constexpr int64_t kMaxGridY = 65535;
-constexpr int64_t kMaxDvalueBlocks = int64_t{1} << 20;  // grid-stride beyond this
-// dvalues: entries per row and iteration, summed over the batch together (more loads in flight)
-constexpr int kEntriesPerRow = 4;
-
-// Lanes per block over the batch: the smallest of 8, 16, 32 that covers B (32 beyond).
-int lanes_for(int64_t batch) { return batch <= 8 ? 8 : batch <= 16 ? 16 : 32; }
 
 template <typename T>
 struct Args {
@@ -96,15 +93,41 @@ __device__ A sum_rows(A part, A* scratch) {
   return total;
 }
 
+// The frame every per-item pass shares: block (item, batch tile), lane b of the tile; each
+// thread's `part(item, b)` (its rows' share of the item's list, in the accumulation type) is
+// added over the block's rows in row order, and row 0 writes out[b * stride + item] (with
+// Optional, a null `out` is not written). Every thread of the block must call it (sum_rows
+// holds barriers).
+template <typename T, int Threads, bool Optional, typename Part>
+__device__ void item_pass(int64_t batch, T* __restrict__ out, int64_t stride, Part part) {
+  using acc = typename Num<T>::acc;
+  __shared__ acc scratch[Threads];
+  const int64_t item = blockIdx.x;
+  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const acc total = sum_rows(b < batch ? part(item, b) : acc(0), scratch);
+  if ((!Optional || out != nullptr) && b < batch && threadIdx.y == 0) {
+    out[b * stride + item] = Num<T>::out(total);
+  }
+}
+
+// This thread's row's share of the sum of term(j) over an item's list [ptr[item], ptr[item + 1])
+// (dx: the input's entries; dact: the path's groups): the block's rows take the list in a fixed
+// stride.
+template <typename Acc, typename Term>
+__device__ Acc row_share(const int32_t* ptr, int64_t item, Term term) {
+  Acc part = Acc(0);
+  const int64_t end = ptr[item + 1];
+#pragma unroll 4
+  for (int64_t j = ptr[item] + threadIdx.y; j < end; j += blockDim.y) part += term(j);
+  return part;
+}
+
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     forward_kernel(Args<T> a, T* __restrict__ y, typename Num<T>::acc* __restrict__ zgt) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t o = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
+  item_pass<T, Threads, true>(a.B, y, a.O, [&](int64_t o, int64_t b) {
+    acc part = acc(0);
     const int64_t end = a.output_ptr[o + 1];
     for (int64_t g = a.output_ptr[o] + threadIdx.y; g < end; g += blockDim.y) {
       acc z = acc(0);
@@ -116,89 +139,43 @@ __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
       if (zgt != nullptr) zgt[g * a.B + b] = z;
       part += a.at(a.actt, a.group_paths[g], b) * z;
     }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (y != nullptr && b < a.B && threadIdx.y == 0) y[b * a.O + o] = Num<T>::out(total);
+    return part;
+  });
 }
 
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dx_kernel(Args<T> a, T* __restrict__ dx) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t i = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
-    const int64_t end = a.input_ptr[i + 1];
-#pragma unroll 4
-    for (int64_t j = a.input_ptr[i] + threadIdx.y; j < end; j += blockDim.y) {
+  item_pass<T, Threads, false>(a.B, dx, a.I, [&](int64_t i, int64_t b) {
+    return row_share<acc>(a.input_ptr, i, [&](int64_t j) {
       const int32_t k = a.input_entries[j];
       const int32_t g = a.entry_groups[k];
-      part += Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
-              a.at(a.actt, a.group_paths[g], b);
-    }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (b < a.B && threadIdx.y == 0) dx[b * a.I + i] = Num<T>::out(total);
+      return Num<T>::in(a.v[k]) * a.at(a.dyt, a.group_outputs[g], b) *
+             a.at(a.actt, a.group_paths[g], b);
+    });
+  });
 }
 
 template <typename T, int Threads>
 __global__ void __launch_bounds__(Threads, Bounds<Threads>::blocks)
     dact_kernel(Args<T> a, const typename Num<T>::acc* __restrict__ zgt, T* __restrict__ dact) {
   using acc = typename Num<T>::acc;
-  __shared__ acc scratch[Threads];
-  const int64_t s = blockIdx.x;
-  const int64_t b = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  acc part = acc(0);
-  if (b < a.B) {
-    const int64_t end = a.path_ptr[s + 1];
-#pragma unroll 4
-    for (int64_t j = a.path_ptr[s] + threadIdx.y; j < end; j += blockDim.y) {
+  item_pass<T, Threads, false>(a.B, dact, a.P, [&](int64_t s, int64_t b) {
+    return row_share<acc>(a.path_ptr, s, [&](int64_t j) {
       const int32_t g = a.path_groups[j];
-      part += a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
-    }
-  }
-  const acc total = sum_rows(part, scratch);
-  if (b < a.B && threadIdx.y == 0) dact[b * a.P + s] = Num<T>::out(total);
+      return a.at(a.dyt, a.group_outputs[g], b) * zgt[g * a.B + b];
+    });
+  });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, Bounds<kThreads>::blocks)
     dvalues_kernel(Args<T> a, T* __restrict__ dv) {
   using acc = typename Num<T>::acc;
-  constexpr int E = kEntriesPerRow;
-  __shared__ acc scratch[E * kThreads];
-  const int lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x, rows = blockDim.y;
-  const int tid = row * lanes + lane;
-  const int64_t step = static_cast<int64_t>(rows) * E;  // entries per block and iteration
-  // the loop bound depends on the block alone, so every thread reaches every barrier
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * step; base < a.K;
-       base += static_cast<int64_t>(gridDim.x) * step) {
-    // slot e*rows + row: the rows of one e read consecutive entries (coalesced index loads),
-    // and a row's E entries are independent, so their loads are in flight together
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int64_t k = base + e * rows + row;
-      acc part = acc(0);
-      if (k < a.K) {
-        const int32_t g = a.entry_groups[k];
-        const int32_t o = a.group_outputs[g], s = a.group_paths[g], i = a.inputs[k];
-        for (int64_t b = lane; b < a.B; b += lanes) {
-          part += a.at(a.dyt, o, b) * a.at(a.actt, s, b) * a.at(a.xt, i, b);
-        }
-      }
-      scratch[(e * rows + row) * lanes + lane] = part;
-    }
-    __syncthreads();
-    // thread t < step adds slot t's lanes in lane order and writes entry base + t (coalesced)
-    if (tid < step && base + tid < a.K) {
-      acc total = acc(0);
-      for (int l = 0; l < lanes; ++l) total += scratch[tid * lanes + l];
-      dv[base + tid] = Num<T>::out(total);
-    }
-    __syncthreads();
-  }
+  __shared__ acc scratch[kEntriesPerRow * kThreads];
+  glai_cuda_sparse::for_each_entry_sum(a, scratch,
+                                       [&](int64_t k, acc total) { dv[k] = Num<T>::out(total); });
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -271,13 +248,9 @@ cudaError_t launch_typed(const glai_sparse_problem& p, Pass pass, void* out, voi
     }
     case Pass::kDvalues: {
       if (p.nnz == 0) return cudaSuccess;
-      const int lanes = lanes_for(p.batch), rows = kThreads / lanes;
-      const int64_t needed = cdiv(p.nnz, static_cast<int64_t>(rows) * kEntriesPerRow);
-      const int64_t blocks = needed < kMaxDvalueBlocks ? needed : kMaxDvalueBlocks;
+      glai_cuda_sparse::entry_launch(p.nnz, p.batch, kThreads, &grid, &block);
       auto* kernel = &dvalues_kernel<T>;
-      GLAI_SPARSE_LAUNCH(kernel, dim3(static_cast<unsigned>(blocks)),
-                         dim3(static_cast<unsigned>(lanes), static_cast<unsigned>(rows)), stream,
-                         a, static_cast<T*>(out));
+      GLAI_SPARSE_LAUNCH(kernel, grid, block, stream, a, static_cast<T*>(out));
       break;
     }
   }

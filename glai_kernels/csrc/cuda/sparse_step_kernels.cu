@@ -1,16 +1,17 @@
 // The fused sparse training step's CUDA kernels (interface and formula: sparse_step_kernels.cuh).
 //
-// dvalues + Adam: blocks of 256 threads shaped (lanes, rows), as sparse_kernels.cu's dvalues:
-// the lanes run over the batch (8, 16 or 32, the smallest that covers B), each row takes 4
-// entries per step (grid-stride over K), and each entry's lane partial sums go through shared
-// memory to one thread, which adds them in lane order and, with the gradient in a register,
-// updates that entry's value and moments. So dv [K] is never written, and the update's
+// dvalues + Adam: blocks of 256 threads shaped (lanes, rows), sparse_kernels.cu's dvalues loop
+// (entry_sums.cuh): the lanes run over the batch (8, 16 or 32, the smallest that covers B), each
+// row takes 4 entries per step (grid-stride over K), and each entry's lane partial sums go
+// through shared memory to one thread, which adds them in lane order and, with the gradient in
+// a register, updates that entry's value and moments. So dv [K] is never written, and the update's
 // reads and writes of values, m, v (24 bytes an entry in float32) are the pass's only extra
 // traffic. The bias: one thread per output sums dy's column in batch order, then updates.
 // Index values are int32 (layout.py); every address built from them is int64.
 #include <math.h>
 
 #include "sparse_step_kernels.cuh"
+#include "entry_sums.cuh"
 
 namespace {
 
@@ -25,9 +26,8 @@ namespace {
 #endif
 
 constexpr int kThreads = 256;
-// entries per row and step, summed over the batch together (more loads in flight)
-constexpr int kEntriesPerRow = 4;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
+using glai_cuda_sparse::cdiv;
+using glai_cuda_sparse::kEntriesPerRow;
 // Blocks of 256 per SM asked of ptxas: 6 in float32, as sparse_kernels.cu's dvalues (occupancy
 // hides the gathers' latency; up to 40 registers); 4 in float64, whose update (the double
 // pow of the bias corrections) spilled 24 bytes on sm_80 in 40 registers
@@ -35,10 +35,6 @@ template <typename T>
 struct BlocksPerSm {
   static constexpr int value = sizeof(T) == 8 ? 4 : 6;
 };
-
-__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int lanes_for(int64_t batch) { return batch <= 8 ? 8 : batch <= 16 ? 16 : 32; }
 
 // One update's scalars in the parameter's dtype (torch's fused Adam: computed in double).
 template <typename T>
@@ -100,41 +96,13 @@ struct StepArgs {
 template <typename T>
 __global__ void __launch_bounds__(kThreads, BlocksPerSm<T>::value)
     dvalues_adam_kernel(StepArgs<T> a) {
-  constexpr int E = kEntriesPerRow;
-  __shared__ T scratch[E * kThreads];
+  __shared__ T scratch[kEntriesPerRow * kThreads];
   const Scalars<T> s = scalars<T>(a.step);
-  const int lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x, rows = blockDim.y;
-  const int tid = row * lanes + lane;
-  const int64_t step = static_cast<int64_t>(rows) * E;  // entries per block and iteration
-  // the loop bound depends on the block alone, so every thread reaches every barrier
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * step; base < a.K;
-       base += static_cast<int64_t>(gridDim.x) * step) {
-    // slot e*rows + row: the rows of one e read consecutive entries (coalesced index loads),
-    // and a row's E entries are independent, so their loads are in flight together
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int64_t k = base + e * rows + row;
-      T part = T(0);
-      if (k < a.K) {
-        const int32_t g = a.entry_groups[k];
-        const int32_t o = a.group_outputs[g], p = a.group_paths[g], i = a.inputs[k];
-        for (int64_t b = lane; b < a.B; b += lanes) {
-          part += a.at(a.dyt, o, b) * a.at(a.actt, p, b) * a.at(a.xt, i, b);
-        }
-      }
-      scratch[(e * rows + row) * lanes + lane] = part;
-    }
-    __syncthreads();
-    // thread t < step adds slot t's lanes in lane order, then updates entry base + t
-    // (consecutive threads, consecutive entries: coalesced reads and writes of w, m, v)
-    if (tid < step && base + tid < a.K) {
-      T grad = T(0);
-      for (int l = 0; l < lanes; ++l) grad += scratch[tid * lanes + l];
-      const int64_t k = base + tid;
-      adam<T>(s, grad, a.w + k, a.m + k, a.v + k);
-    }
-    __syncthreads();
-  }
+  // the thread that summed entry k's gradient updates it: consecutive threads, consecutive
+  // entries, so the reads and writes of w, m, v are coalesced
+  glai_cuda_sparse::for_each_entry_sum(a, scratch, [&](int64_t k, T grad) {
+    adam<T>(s, grad, a.w + k, a.m + k, a.v + k);
+  });
 }
 
 template <typename T>
@@ -167,12 +135,10 @@ cudaError_t dvalues_adam_typed(const glai_sparse_problem& p, void* values, void*
                       static_cast<const T*>(p.dyt), p.inputs, p.group_outputs, p.group_paths,
                       p.entry_groups, p.batch, p.nnz, static_cast<T*>(values),
                       static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq), step};
-  const int lanes = lanes_for(p.batch), rows = kThreads / lanes;
-  const int64_t needed = cdiv(p.nnz, static_cast<int64_t>(rows) * kEntriesPerRow);
-  const int64_t blocks = needed < kMaxBlocks ? needed : kMaxBlocks;
+  dim3 grid, block;
+  glai_cuda_sparse::entry_launch(p.nnz, p.batch, kThreads, &grid, &block);
   auto* kernel = &dvalues_adam_kernel<T>;
-  GLAI_STEP_LAUNCH(kernel, dim3(static_cast<unsigned>(blocks)),
-                   dim3(static_cast<unsigned>(lanes), static_cast<unsigned>(rows)), stream, a);
+  GLAI_STEP_LAUNCH(kernel, grid, block, stream, a);
   return cudaGetLastError();
 }
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+# triton and tl as the dense backend imported them: None where triton is missing, in which
+# case this backend still registers and says why it cannot run (triton_availability)
 from glai_kernels.backends.triton import (
     _jit,
     _on_device,
@@ -49,6 +51,8 @@ from glai_kernels.backends.triton import (
     _rounded,
     _tile,
     interpreted,
+    tl,
+    triton,
     triton_availability,
 )
 from glai_kernels.contract import accumulation_dtype
@@ -56,15 +60,18 @@ from glai_kernels.registry import Backend
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR, groups_by_batch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the backend still registers and says why it cannot run
-    triton = tl = None
-
-
 # ----------------------------------------------------------------------------------------
 # Kernels (xt, actt, dyt are [n, B] with the batch contiguous; y, dx, dact, [B, n])
+
+
+@_jit
+def _item_rows(ptr, B, BLOCK_B: tl.constexpr):
+    """The frame of a per-item program (item, batch block), item an output, input or path:
+    (item (int64), rows [BLOCK_B] (int64), rows < B, lo, hi) with [lo, hi) = [ptr[item],
+    ptr[item + 1]), the item's span of the layout list that `ptr` indexes."""
+    item = tl.cast(tl.program_id(0), tl.int64)
+    rows = _tile(tl.program_id(1), BLOCK_B)
+    return item, rows, rows < B, tl.load(ptr + item), tl.load(ptr + item + 1)
 
 
 @_jit
@@ -94,11 +101,7 @@ def _forward_kernel(
     ACC: tl.constexpr, OUT: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """y[rows, o] for program (o, batch block); with SAVE, Zg [G, B] of o's groups too."""
-    o = tl.cast(tl.program_id(0), tl.int64)
-    rows = _tile(tl.program_id(1), BLOCK_B)
-    row_mask = rows < B
-    g_lo = tl.load(output_ptr + o)
-    g_hi = tl.load(output_ptr + o + 1)
+    o, rows, row_mask, g_lo, g_hi = _item_rows(output_ptr, B, BLOCK_B)
     y = tl.zeros((BLOCK_B,), dtype=ACC)
     for g in range(g_lo, g_hi):
         g64 = tl.cast(g, tl.int64)
@@ -149,11 +152,7 @@ def _dx_kernel(
     ACC: tl.constexpr, OUT: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """dx[rows, i] for program (i, batch block), over input i's entries BLOCK_E at a time."""
-    inp = tl.cast(tl.program_id(0), tl.int64)
-    rows = _tile(tl.program_id(1), BLOCK_B)
-    row_mask = rows < B
-    e_lo = tl.load(input_ptr + inp)
-    e_hi = tl.load(input_ptr + inp + 1)
+    inp, rows, row_mask, e_lo, e_hi = _item_rows(input_ptr, B, BLOCK_B)
     acc = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
     for e0 in range(e_lo, e_hi, BLOCK_E):
         es = tl.cast(e0, tl.int64) + tl.arange(0, BLOCK_E)
@@ -180,11 +179,7 @@ def _dact_kernel(
 ):
     """dact[rows, s] for program (s, batch block), over path s's groups: SAVED reads Zg
     [G, B] BLOCK_E groups at a time, else each group's Zg is recomputed in turn."""
-    s = tl.cast(tl.program_id(0), tl.int64)
-    rows = _tile(tl.program_id(1), BLOCK_B)
-    row_mask = rows < B
-    j_lo = tl.load(path_ptr + s)
-    j_hi = tl.load(path_ptr + s + 1)
+    s, rows, row_mask, j_lo, j_hi = _item_rows(path_ptr, B, BLOCK_B)
     if SAVED:
         acc = tl.zeros((BLOCK_B, BLOCK_E), dtype=ACC)
         for j0 in range(j_lo, j_hi, BLOCK_E):
