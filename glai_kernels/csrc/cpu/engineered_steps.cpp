@@ -1,0 +1,219 @@
+// The engineered protocol's training steps, both sides alike, each as two extension calls: one
+// for the model's forward, one for its backward and the optimizer's update (issue 41;
+// /work/shared/SPEC.md §6: "both with the fastest step this project can build"). The loss stays
+// in Python (any loss, autograd over it alone, to the model's output y); what the two calls
+// replace is the Python and the op dispatches around the same kernels:
+//
+//   GLAI (glai_kernels/glai/fused_step.py, FusedSparseStep's `native` path):
+//     glai_ext::sparse_step_forward(x [B, n0], weight_t [n0, P'], sel_bias [P']?, paths,
+//         values [K], index, bias [O]?) -> (y [B, O], x_aug [B, n0 + 1], act [B, P])
+//       act = the selector's 0/1 gates (glai_ext::linear with `gates`, its columns zero padded
+//       to whole tiles, the first `paths` kept), x_aug = x with a column of ones,
+//       y = glai_ext::sparse_forward(x_aug, act, values, index) + bias
+//     glai_ext::sparse_step_update(dy [B, O], x_aug, act, values!, index, exp_avg!, exp_avg_sq!,
+//         step!, bias!?, bias_exp_avg!?, bias_exp_avg_sq!?, bias_step!?, lr, beta1, beta2,
+//         weight_decay, eps, decoupled) -> ()
+//       each step count += 1 (torch.optim's 0-d float32 state["step"]), then
+//       glai_ext::sparse_dvalues_adam on the values and glai_ext::bias_adam on the bias
+//   MLP (glai_kernels/glai/mlp_step.py, HandFusedMLPStep's `native` path), a chain
+//   Linear (ReLU Linear)* with biases:
+//     glai_ext::mlp_step_forward(x [B, n0], weights [n_{l+1}, n_l], biases [n_{l+1}])
+//         -> [y [B, n_L], h_1 [B, n_1], ..., h_{L-1}]   h_l = relu(h_{l-1} W_l^T + b_l)
+//     glai_ext::mlp_step_update(dy [B, n_L], x, hidden, weights!, biases!, grads!, lr,
+//         weight_decay, dampening) -> ()
+//       dW_l = dy_l^T h_l and db_l = sum_b dy_l into the preallocated `grads` (W_0, b_0, W_1,
+//       ...), dy_{l-1} = threshold_backward(dy_l W_l, h_l, 0), then torch's own _fused_sgd_
+//       (momentum 0) over the parameters
+//
+// Every call is the op the Python step calls, in the same order on the same tensors (at::addmm,
+// at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
+// F.linear, torch.relu, mm, sum and torch.optim's fused SGD run): the results are the Python
+// steps' bit for bit (correctness/test_engineered_steps.py). The callers check the arguments
+// and take these paths only where they apply (no dropout in training, one model call per loss,
+// fused optimizers, float32/float64 on CPU); the kernels called check again what they read.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+namespace glai_ext {
+namespace {
+
+at::Tensor call_linear(const at::Tensor& x, const at::Tensor& weight_t,
+                       const std::optional<at::Tensor>& bias, bool gates) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::linear", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, bool)>();
+  return op.call(x, weight_t, bias, gates);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_sparse_forward(const at::Tensor& x, const at::Tensor& act,
+                                                       const at::Tensor& values,
+                                                       at::TensorList index) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, at::TensorList, bool)>();
+  return op.call(x, act, values, index, false);
+}
+
+void call_dvalues_adam(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
+                       at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
+                       at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                       double weight_decay, double eps, double step, bool decoupled) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_dvalues_adam", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                      at::TensorList, at::Tensor&, at::Tensor&, double, double, double, double,
+                      double, double, bool)>();
+  op.call(dy, x, act, values, index, exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps,
+          step, decoupled);
+}
+
+void call_bias_adam(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
+                    at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                    double weight_decay, double eps, double step, bool decoupled) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::bias_adam", "")
+          .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, double, double,
+                      double, double, double, double, bool)>();
+  op.call(dy, bias, exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps, step, decoupled);
+}
+
+// torch.optim's step count: a 0-d float32 tensor advanced by one before the update, read as
+// the float the update's scalars are computed from (FusedSparseStep._kernel_update_args)
+double advance(at::Tensor& step) {
+  TORCH_CHECK(step.dim() == 0 && step.scalar_type() == at::kFloat && step.is_cpu(),
+              "glai_ext::sparse_step_update: a step count must be a 0-d float32 CPU tensor, "
+              "got ", step.scalar_type(), " ", step.sizes(), " on ", step.device());
+  step.add_(1);
+  return step.item<double>();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
+    const at::Tensor& x, const at::Tensor& weight_t, const std::optional<at::Tensor>& sel_bias,
+    int64_t paths, const at::Tensor& values, at::TensorList index,
+    const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "glai_ext::sparse_step_forward: x must be [B, n0], got ",
+              x.sizes());
+  at::Tensor act = call_linear(x, weight_t, sel_bias, true);
+  TORCH_CHECK(paths >= 0 && paths <= act.size(1), "glai_ext::sparse_step_forward: paths must "
+              "be in [0, ", act.size(1), "], got ", paths);
+  if (act.size(1) != paths) act = act.narrow(1, 0, paths).contiguous();
+  at::Tensor x_aug = at::empty({x.size(0), x.size(1) + 1}, x.options());
+  x_aug.narrow(1, 0, x.size(1)).copy_(x);
+  x_aug.select(1, x.size(1)).fill_(1);
+  at::Tensor y = std::get<0>(call_sparse_forward(x_aug, act, values, index));
+  if (bias.has_value() && bias->defined()) y.add_(*bias);  // y + bias's bits, in place
+  return {y, x_aug, act};
+}
+
+void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at::Tensor& act,
+                        at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
+                        at::Tensor& exp_avg_sq, at::Tensor& step,
+                        const std::optional<at::Tensor>& bias,
+                        const std::optional<at::Tensor>& bias_exp_avg,
+                        const std::optional<at::Tensor>& bias_exp_avg_sq,
+                        const std::optional<at::Tensor>& bias_step, double lr, double beta1,
+                        double beta2, double weight_decay, double eps, bool decoupled) {
+  const bool with_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!with_bias || (bias_exp_avg.has_value() && bias_exp_avg_sq.has_value() &&
+                             bias_step.has_value()),
+              "glai_ext::sparse_step_update: a bias needs its exp_avg, exp_avg_sq and step");
+  const at::Tensor rows = dy.contiguous();
+  call_dvalues_adam(rows, x_aug, act, values, index, exp_avg, exp_avg_sq, lr, beta1, beta2,
+                    weight_decay, eps, advance(step), decoupled);
+  if (!with_bias) return;
+  at::Tensor b = *bias, m = *bias_exp_avg, v = *bias_exp_avg_sq, s = *bias_step;
+  call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
+}
+
+void check_chain(const char* who, at::TensorList weights, at::TensorList biases) {
+  TORCH_CHECK(!weights.empty() && weights.size() == biases.size(), who,
+              ": weights and biases must be one per Linear (at least one), got ",
+              weights.size(), " and ", biases.size());
+  for (size_t l = 1; l < weights.size(); ++l)
+    TORCH_CHECK(weights[l].dim() == 2 && weights[l].size(1) == weights[l - 1].size(0), who,
+                ": weights[", l, "] must be [n, ", weights[l - 1].size(0), "], got ",
+                weights[l].sizes());
+}
+
+std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList weights,
+                                         at::TensorList biases) {
+  check_chain("glai_ext::mlp_step_forward", weights, biases);
+  std::vector<at::Tensor> out(1);
+  at::Tensor h = x;
+  const size_t last = weights.size() - 1;
+  for (size_t l = 0; l <= last; ++l) {
+    at::Tensor pre = at::addmm(biases[l], h, weights[l].t());  // F.linear's call on 2-D input
+    if (l == last) {
+      out[0] = pre;
+      break;
+    }
+    h = at::relu(pre);
+    out.push_back(h);
+  }
+  return out;
+}
+
+void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
+                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                     double lr, double weight_decay, double dampening) {
+  constexpr const char* who = "glai_ext::mlp_step_update";
+  check_chain(who, weights, biases);
+  const size_t layers = weights.size();
+  TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
+              ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
+              hidden.size(), " and ", grads.size());
+  at::Tensor dy = dy_in;
+  for (size_t l = layers; l-- > 0;) {
+    const at::Tensor& input = l == 0 ? x : hidden[l - 1];
+    at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
+    at::mm_out(gw, dy.t(), input);
+    at::sum_out(gb, dy, at::IntArrayRef{0});
+    if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
+  }
+  std::vector<at::Tensor> params, gradients;
+  for (size_t l = 0; l < layers; ++l) {
+    params.push_back(weights[l]);
+    params.push_back(biases[l]);
+    gradients.push_back(grads[2 * l]);
+    gradients.push_back(grads[2 * l + 1]);
+  }
+  at::_fused_sgd_(params, gradients, {}, weight_decay, 0.0, lr, dampening, false, false, false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
+  m.def(
+      "sparse_step_forward(Tensor x, Tensor weight_t, Tensor? sel_bias, int paths, "
+      "Tensor values, Tensor[] index, Tensor? bias) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "sparse_step_update(Tensor dy, Tensor x_aug, Tensor act, Tensor(a!) values, "
+      "Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
+      "Tensor(e!)? bias, Tensor(f!)? bias_exp_avg, Tensor(g!)? bias_exp_avg_sq, "
+      "Tensor(h!)? bias_step, float lr, float beta1, float beta2, float weight_decay, "
+      "float eps, bool decoupled) -> ()");
+  m.def("mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]");
+  m.def(
+      "mlp_step_update(Tensor dy, Tensor x, Tensor[] hidden, Tensor(a!)[] weights, "
+      "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
+      "float dampening) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
+  m.impl("sparse_step_forward", &sparse_step_forward);
+  m.impl("sparse_step_update", &sparse_step_update);
+  m.impl("mlp_step_forward", &mlp_step_forward);
+  m.impl("mlp_step_update", &mlp_step_update);
+}
+
+}  // namespace glai_ext
