@@ -35,6 +35,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -88,13 +89,46 @@ void call_bias_adam(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
 }
 
 // torch.optim's step count: a 0-d float32 tensor advanced by one before the update, read as
-// the float the update's scalars are computed from (FusedSparseStep._kernel_update_args)
+// the float the update's scalars are computed from (FusedSparseStep._kernel_update_args). The
+// float addition is add_(1)'s (one exact IEEE add), without its two op dispatches (≈ 1 µs each)
 double advance(at::Tensor& step) {
   TORCH_CHECK(step.dim() == 0 && step.scalar_type() == at::kFloat && step.is_cpu(),
               "glai_ext::sparse_step_update: a step count must be a 0-d float32 CPU tensor, "
               "got ", step.scalar_type(), " ", step.sizes(), " on ", step.device());
-  step.add_(1);
-  return step.item<double>();
+  float* count = step.mutable_data_ptr<float>();
+  *count += 1.0f;
+  return static_cast<double>(*count);
+}
+
+// The forward's small copies as plain loops (each an op dispatch of ≈ 1 µs otherwise, three of
+// them around the kernels): x_aug = [x, 1], act = the gates' first `paths` columns, y += bias.
+// Each element is copied, or added once in IEEE arithmetic: F.pad's, narrow().contiguous()'s
+// and y + bias's bits.
+template <class T>
+void augment_rows(const at::Tensor& x, at::Tensor& x_aug, const at::Tensor& gates,
+                  at::Tensor& act) {
+  const int64_t batch = x.size(0), inputs = x.size(1);
+  const T* xs = x.const_data_ptr<T>();
+  T* xa = x_aug.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(xs + b * inputs, xs + (b + 1) * inputs, xa + b * (inputs + 1));
+    xa[b * (inputs + 1) + inputs] = T(1);
+  }
+  if (act.is_same(gates)) return;
+  const int64_t width = gates.size(1), paths = act.size(1);
+  const T* g = gates.const_data_ptr<T>();
+  T* a = act.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy(g + b * width, g + b * width + paths, a + b * paths);
+}
+
+template <class T>
+void add_bias(at::Tensor& y, const at::Tensor& bias) {
+  const int64_t batch = y.size(0), outputs = y.size(1);
+  const T* bv = bias.const_data_ptr<T>();
+  T* yv = y.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t o = 0; o < outputs; ++o) yv[b * outputs + o] += bv[o];
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
@@ -103,15 +137,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
     const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "glai_ext::sparse_step_forward: x must be [B, n0], got ",
               x.sizes());
-  at::Tensor act = call_linear(x, weight_t, sel_bias, true);
-  TORCH_CHECK(paths >= 0 && paths <= act.size(1), "glai_ext::sparse_step_forward: paths must "
-              "be in [0, ", act.size(1), "], got ", paths);
-  if (act.size(1) != paths) act = act.narrow(1, 0, paths).contiguous();
+  const at::Tensor gates = call_linear(x, weight_t, sel_bias, true);  // checks x's dtype
+  TORCH_CHECK(paths >= 0 && paths <= gates.size(1), "glai_ext::sparse_step_forward: paths "
+              "must be in [0, ", gates.size(1), "], got ", paths);
+  const at::Tensor rows = x.contiguous();
+  const bool dbl = x.scalar_type() == at::kDouble;
   at::Tensor x_aug = at::empty({x.size(0), x.size(1) + 1}, x.options());
-  x_aug.narrow(1, 0, x.size(1)).copy_(x);
-  x_aug.select(1, x.size(1)).fill_(1);
+  at::Tensor act = gates.size(1) == paths ? gates : at::empty({x.size(0), paths}, x.options());
+  if (dbl)
+    augment_rows<double>(rows, x_aug, gates, act);
+  else
+    augment_rows<float>(rows, x_aug, gates, act);
   at::Tensor y = std::get<0>(call_sparse_forward(x_aug, act, values, index));
-  if (bias.has_value() && bias->defined()) y.add_(*bias);  // y + bias's bits, in place
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) &&
+                    bias->scalar_type() == y.scalar_type() && bias->is_contiguous() &&
+                    y.is_contiguous(),
+                "glai_ext::sparse_step_forward: bias must be a contiguous [", y.size(1),
+                "] tensor of y's dtype, got ", bias->scalar_type(), " ", bias->sizes());
+    if (dbl)
+      add_bias<double>(y, *bias);
+    else
+      add_bias<float>(y, *bias);
+  }
   return {y, x_aug, act};
 }
 
