@@ -6,6 +6,7 @@ optimizer state and loss bit for bit: the same kernels on the same tensors in th
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -104,11 +105,11 @@ def test_native_fused_step_falls_back_where_it_does_not_apply(case):
     assert _equal(state, python_state)
 
 
-def _mlp_run(model, native: bool, views: int = 1, x_dtype=None):
+def _mlp_run(model, native: bool, views: int = 1, gemm: str = "torch"):
     """STEPS hand-fused SGD steps (fused, weight decay) of `model` on a seeded [BATCH, n0]
     squared error; returns (losses, parameters after, native updates run)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, fused=True)
-    stepper = HandFusedMLPStep(model, optimizer, native=native)
+    stepper = HandFusedMLPStep(model, optimizer, native=native, gemm=gemm)
     updates = _count(stepper, "_native_update")
     first = next(m for m in model if isinstance(m, torch.nn.Linear))
     last = [m for m in model if isinstance(m, torch.nn.Linear)][-1]
@@ -124,15 +125,22 @@ def _mlp_run(model, native: bool, views: int = 1, x_dtype=None):
     return losses, [p.detach().clone() for p in model.parameters()], updates[0]
 
 
-@pytest.mark.parametrize("widths", [(11, 14, 5), (13, 17, 9, 3), (7, 3)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_native_mlp_step_is_the_python_hand_fused_step_bit_for_bit(widths, dtype):
-    """Two and three Linears, and the linear baseline (one Linear)."""
+WIDTHS = [(11, 14, 5), (13, 17, 9, 3), (7, 3), (37, 70, 33)]
+
+
+def _model(widths, dtype):
+    """Two and three Linears, the linear baseline (one Linear), and rows over 4 vectors."""
     if len(widths) == 2:
         torch.manual_seed(2)
-        model = torch.nn.Sequential(torch.nn.Linear(*widths, dtype=dtype))
-    else:
-        model = random_mlp(widths, seed=2, dtype=dtype)
+        return torch.nn.Sequential(torch.nn.Linear(*widths, dtype=dtype))
+    return random_mlp(widths, seed=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("widths", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_mlp_step_is_the_python_hand_fused_step_bit_for_bit(widths, dtype):
+    """With torch's GEMMs (`gemm="torch"`) the native step runs the Python path's ops."""
+    model = _model(widths, dtype)
     twin = copy.deepcopy(model)
     losses, params, updates = _mlp_run(model, native=True)
     assert updates == STEPS
@@ -157,13 +165,77 @@ def test_native_mlp_step_falls_back_where_it_does_not_apply(case):
     assert _equal(params, python_params)
 
 
+TOL = {torch.float32: {"rtol": 1e-6, "atol": 1e-6},  # test_protocols.py's rounding
+       torch.float64: {"rtol": 1e-12, "atol": 1e-13}}
+
+
+@pytest.mark.parametrize("widths", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_mlp_step_on_its_own_gemm_is_the_python_step_to_rounding(widths, dtype):
+    """The default `gemm="own"`: the same products summed in another order."""
+    model = _model(widths, dtype)
+    twin = copy.deepcopy(model)
+    losses, params, updates = _mlp_run(model, native=True, gemm="own")
+    assert updates == STEPS
+    python_losses, python_params, _ = _mlp_run(twin, native=False)
+    torch.testing.assert_close(losses, python_losses, **TOL[dtype])
+    torch.testing.assert_close(params, python_params, **TOL[dtype])
+
+
+def _within_rounding(got, want, bound, terms: int) -> bool:
+    """|got - want| <= terms * eps * bound (+ want's own rounding) everywhere: a sum of `terms`
+    products in got's dtype against float64, `bound` the sum of the terms' magnitudes."""
+    eps = torch.finfo(got.dtype).eps
+    return bool(((got.double() - want).abs() <= terms * eps * bound + eps * want.abs()).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 13, 16, 70])
+def test_own_gemm_products_against_float64(batch, dtype):
+    """Each product of glai_ext::mlp_step_forward/update with own_gemm against float64 torch,
+    within the rounding bound of its sums: batches within, at and over one vector, widths off
+    every vector multiple; a bias left out (the known-wrong variant) is outside the bound."""
+    gen = torch.Generator().manual_seed(batch)
+    n0, n1, n2 = 19, 70, 9
+    x = torch.randn(batch, n0, generator=gen, dtype=dtype)
+    ws = [torch.randn(m, n, generator=gen, dtype=dtype) / n ** 0.5
+          for n, m in itertools.pairwise((n0, n1, n2))]
+    bs = [torch.randn(m, generator=gen, dtype=dtype) for m in (n1, n2)]
+    y, h = torch.ops.glai_ext.mlp_step_forward(x, ws, bs, True)
+    x64, h64, dy = x.double(), h.double(), torch.randn(batch, n2, generator=gen, dtype=dtype)
+    w64, b64, dy64 = [w.double() for w in ws], [b.double() for b in bs], dy.double()
+    pre = x64 @ w64[0].t() + b64[0]
+    assert _within_rounding(h, torch.relu(pre), x64.abs() @ w64[0].abs().t() + b64[0].abs(),
+                            n0 + 1)
+    y_bound = h64.abs() @ w64[1].abs().t() + b64[1].abs()
+    assert _within_rounding(y, h64 @ w64[1].t() + b64[1], y_bound, n1 + 1)
+    assert not _within_rounding(y, h64 @ w64[1].t(), y_bound, n1 + 1)
+    grads = [torch.empty_like(t) for pair in zip(ws, bs, strict=True) for t in pair]
+    params = [t.clone() for pair in zip(ws, bs, strict=True) for t in pair]
+    torch.ops.glai_ext.mlp_step_update(dy, x, [h], params[0::2], params[1::2], grads, 0.0,
+                                       0.0, 0.0, True)  # lr 0: the gradients alone
+    gate = (h64 > 0).double()
+    dh64, dh_bound = (dy64 @ w64[1]) * gate, (dy64.abs() @ w64[1].abs()) * gate
+    checks = [(dh64.t() @ x64, dh_bound.t() @ x64.abs(), n2 + batch),
+              (dh64.sum(0), dh_bound.sum(0), n2 + batch),
+              (dy64.t() @ h64, dy64.abs().t() @ h64.abs(), batch),
+              (dy64.sum(0), dy64.abs().sum(0), batch)]
+    for k, (got, (want, bound, terms)) in enumerate(zip(grads, checks, strict=True)):
+        assert _within_rounding(got, want, bound, terms), k
+
+
 def test_native_mlp_step_ops_name_bad_arguments():
     x, w = torch.randn(4, 3), torch.randn(5, 3)
     with pytest.raises(RuntimeError, match="weights and biases must be one per Linear"):
-        torch.ops.glai_ext.mlp_step_forward(x, [w], [])
+        torch.ops.glai_ext.mlp_step_forward(x, [w], [], False)
     with pytest.raises(RuntimeError, match=r"weights\[1\] must be \[n, 5\]"):
         torch.ops.glai_ext.mlp_step_forward(x, [w, torch.randn(2, 4)],
-                                            [torch.zeros(5), torch.zeros(2)])
+                                            [torch.zeros(5), torch.zeros(2)], True)
     with pytest.raises(RuntimeError, match="grads 2"):
         torch.ops.glai_ext.mlp_step_update(torch.randn(4, 5), x, [], [w], [torch.zeros(5)],
-                                           [], 0.1, 0.0, 0.0)
+                                           [], 0.1, 0.0, 0.0, True)
+    with pytest.raises(RuntimeError, match="x must be a contiguous"):
+        torch.ops.glai_ext.mlp_step_forward(x.t().contiguous().t(), [w], [torch.zeros(5)], True)
+    model = _model((3, 4, 2), torch.float32)
+    with pytest.raises(ValueError, match="gemm must be 'own' or 'torch'"):
+        HandFusedMLPStep(model, torch.optim.SGD(model.parameters(), lr=0.1), gemm="mkl")

@@ -28,12 +28,15 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              compiled graph, the fused SGD step (`compiled_mlp_step`), on another copy
              (`--no-compile` leaves it out).
   GLAI fused, Python / MLP hand-fused, Python   the two engineered steps with `native=False`:
-             their Python paths, the forward and the update as the op calls they are made of,
-             where the default runs each as one extension call (csrc/cpu/engineered_steps.cpp;
-             the same bits), on copies.
+             their Python paths, the forward and the update as the op calls they are made of
+             (torch's GEMMs on the MLP's side), where the default runs each as one extension
+             call (csrc/cpu/engineered_steps.cpp), on copies.
+  MLP hand-fused, torch GEMM   the native MLP step with `gemm="torch"`: torch's MKL GEMMs where
+             the default runs the step's own (csrc/cpu/mlp_gemm.inc, as GLAI's selector runs
+             on the extension's GEMM), on a copy.
 The ratios the issue 41 targets read: the paper protocol's (ordinary GLAI / ordinary MLP) and
 the engineered protocol's (GLAI fused / the fastest engineered MLP step: the native hand-fused
-step, its Python path, or the compiled one).
+step on its own GEMM or torch's, its Python path, or the compiled one).
 
 `--pieces` times instead where the ordinary GLAI step's time goes (`ordinary_pieces`), the
 pieces interleaved as the steps are, on the CPU clock: the step; the head's forward with and
@@ -97,8 +100,9 @@ def _squared_error(target: torch.Tensor) -> Callable[[torch.nn.Module, torch.Ten
 def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
                compiled: bool = True) -> tuple[dict[str, Callable[[], None]], str]:
     """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step,
-    "GLAI fused, Python": step, "MLP hand-fused": step, "MLP hand-fused, Python": step[,
-    "MLP compiled": step]}, a description) for paper head `name`."""
+    "GLAI fused, Python": step, "MLP hand-fused": step, "MLP hand-fused, torch GEMM": step,
+    "MLP hand-fused, Python": step[, "MLP compiled": step]}, a description) for paper head
+    `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
     torch.manual_seed(0)
     original = make_mlp((spec.n0, spec.n1, spec.n2))
@@ -115,9 +119,10 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return make_optimizer("sgd", model.parameters(), lr=settings.lr,
                               weight_decay=settings.mlp_weight_decay)
-    hand, twin, hand_py = (copy.deepcopy(original) for _ in range(3))
+    hand, twin, hand_py, hand_mkl = (copy.deepcopy(original) for _ in range(4))
     hand_step, loss = HandFusedMLPStep(hand, sgd(hand)), _squared_error(target)
     python_step = HandFusedMLPStep(hand_py, sgd(hand_py), native=False)
+    mkl_step = HandFusedMLPStep(hand_mkl, sgd(hand_mkl), gemm="torch")
     steps = {
         "MLP": _stepper(original, sgd(original), x, target),
         "GLAI": _stepper(head, adam(head), x, target),
@@ -127,6 +132,7 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
         "GLAI fused, Python": _fused_stepper(fused_python, adam(fused_python), x, target,
                                              native=False),
         "MLP hand-fused": lambda: hand_step.step(lambda model: loss(model, x)),
+        "MLP hand-fused, torch GEMM": lambda: mkl_step.step(lambda model: loss(model, x)),
         "MLP hand-fused, Python": lambda: python_step.step(lambda model: loss(model, x)),
     }
     if compiled:
@@ -283,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 def _cells(clock: str, best: dict[str, float]) -> str:
     mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
     torch_adam, python = best["GLAI fused, torch Adam"], best["GLAI fused, Python"]
-    engineered = {m: best[m] for m in ("MLP hand-fused", "MLP hand-fused, Python",
-                                       "MLP compiled") if m in best}
+    engineered = {m: best[m] for m in ("MLP hand-fused", "MLP hand-fused, torch GEMM",
+                                       "MLP hand-fused, Python", "MLP compiled") if m in best}
     winner = min(engineered, key=engineered.get)
     others = "".join(f", {m[4:]} {1e3 * s:.3f} ms" for m, s in engineered.items())
     return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "

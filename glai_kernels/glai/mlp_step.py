@@ -24,8 +24,12 @@ nothing: rate 0 or eval mode), float32/float64 on CPU, one fused SGD group with 
 each model call is one extension call, `glai_ext::mlp_step_forward` (the addmm and relu
 calls), and with one call per loss the backward and update are one more,
 `glai_ext::mlp_step_update` (the gradients' mm and sum into buffers kept by the step, the
-ReLUs' threshold_backward, torch's `_fused_sgd_`): the same kernels on the same tensors as the
-Python path, so the same bits (csrc/cpu/engineered_steps.cpp).
+ReLUs' threshold_backward, torch's `_fused_sgd_`): with `gemm="torch"` the same kernels on
+the same tensors as the Python path, so the same bits (csrc/cpu/engineered_steps.cpp). With
+`gemm="own"` (the default) each Linear's three products (x W^T, dy^T h, dy W) run on the
+step's own GEMM (csrc/cpu/mlp_gemm.inc) instead of torch's MKL one, as GLAI's selector runs on
+the extension's GEMM: the same arithmetic in another summation order, equal to the ordinary
+step to rounding.
 
 `compiled_mlp_step(model, task.loss, optimizer)`: `torch.compile` of the forward and the loss
 (backward through the compiled graph), torch's fused optimizer step; dropout draws eager's
@@ -68,7 +72,7 @@ class HandFusedMLPStep:
     over the model (module docstring). `step(loss_of)` returns the loss (detached)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 native: bool = True) -> None:
+                 native: bool = True, gemm: str = "own") -> None:
         self.model, self.modules = model, _modules(model)
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if stepped != {id(p) for p in model.parameters() if p.requires_grad}:
@@ -77,10 +81,13 @@ class HandFusedMLPStep:
         self.first = next(k for k, m in enumerate(self.modules) if isinstance(m, nn.Linear))
         self.sgd = _is_plain_fused_sgd(optimizer)
         self.native = bool(native)
+        if gemm not in ("own", "torch"):
+            raise ValueError(f"gemm must be 'own' or 'torch', got {gemm!r}")
+        self.gemm = gemm
         self._grads: list[torch.Tensor] = []  # the native update's gradient buffers
 
-    def _native_layers(self, x: torch.Tensor) -> tuple[list, list] | None:
-        """(weights, biases) of the chain when this call can run natively (module
+    def _native_layers(self, x: torch.Tensor) -> tuple[list, list, bool] | None:
+        """(weights, biases, own GEMM) of the chain when this call can run natively (module
         docstring), else None."""
         groups = self.optimizer.param_groups
         if not (self.native and self.sgd and len(groups) == 1
@@ -104,7 +111,9 @@ class HandFusedMLPStep:
                 weights.append(weight.detach())
                 biases.append(bias.detach())
             want_linear = not want_linear
-        return (weights, biases) if not want_linear else None  # ends on a Linear
+        if want_linear:  # the chain must end on a Linear
+            return None
+        return weights, biases, self.gemm != "torch"
 
     def _native_saved(self, x: torch.Tensor, hidden: list) -> list:
         """What `_forward` saves, from the native forward's hidden outputs."""
@@ -168,6 +177,7 @@ class HandFusedMLPStep:
         def stand_in(x: torch.Tensor) -> torch.Tensor:
             layers = self._native_layers(x)
             if layers is not None:
+                x = x.contiguous() if layers[2] else x  # the own GEMM reads x's rows
                 y, *hidden = torch.ops.glai_ext.mlp_step_forward(x, *layers)
                 native.append((x, hidden, *layers))
                 y.requires_grad_()
@@ -196,7 +206,7 @@ class HandFusedMLPStep:
         return loss.detach()
 
     def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, weights: list,
-                       biases: list) -> None:
+                       biases: list, own: bool) -> None:
         """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
         the gradients into buffers kept from step to step (the parameters' shapes)."""
         grads = self._grads
@@ -208,7 +218,7 @@ class HandFusedMLPStep:
         group = self.optimizer.param_groups[0]
         torch.ops.glai_ext.mlp_step_update(dy, x, hidden, weights, biases, grads,
                                            group["lr"], group["weight_decay"],
-                                           group["dampening"])
+                                           group["dampening"], own)
 
     def _update(self, grads: dict) -> None:
         if not self.sgd:

@@ -17,10 +17,11 @@
 //       glai_ext::sparse_dvalues_adam on the values and glai_ext::bias_adam on the bias
 //   MLP (glai_kernels/glai/mlp_step.py, HandFusedMLPStep's `native` path), a chain
 //   Linear (ReLU Linear)* with biases:
-//     glai_ext::mlp_step_forward(x [B, n0], weights [n_{l+1}, n_l], biases [n_{l+1}])
+//     glai_ext::mlp_step_forward(x [B, n0], weights [n_{l+1}, n_l], biases [n_{l+1}],
+//         own_gemm)
 //         -> [y [B, n_L], h_1 [B, n_1], ..., h_{L-1}]   h_l = relu(h_{l-1} W_l^T + b_l)
 //     glai_ext::mlp_step_update(dy [B, n_L], x, hidden, weights!, biases!, grads!, lr,
-//         weight_decay, dampening) -> ()
+//         weight_decay, dampening, own_gemm) -> ()
 //       dW_l = dy_l^T h_l and db_l = sum_b dy_l into the preallocated `grads` (W_0, b_0, W_1,
 //       ...), dy_{l-1} = threshold_backward(dy_l W_l, h_l, 0), then torch's own _fused_sgd_
 //       (momentum 0) over the parameters
@@ -28,16 +29,52 @@
 // Every call is the op the Python step calls, in the same order on the same tensors (at::addmm,
 // at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
 // F.linear, torch.relu, mm, sum and torch.optim's fused SGD run): the results are the Python
-// steps' bit for bit (correctness/test_engineered_steps.py). The callers check the arguments
-// and take these paths only where they apply (no dropout in training, one model call per loss,
-// fused optimizers, float32/float64 on CPU); the kernels called check again what they read.
+// steps' bit for bit (correctness/test_engineered_steps.py). With `own_gemm` the MLP's three
+// products per Linear (x W^T, dy^T h, dy W) run instead on the step's own GEMM (mlp_gemm.inc,
+// the batch along the vector lanes, W read as nn.Linear stores it), as GLAI's selector runs on
+// the extension's glai_ext::linear rather than torch's MKL GEMM (≈ 2.4x slower at the paper's
+// B = 16 on the AMD CPUs measured; docs/notes/pipeline.md, "The engineered steps, both sides
+// (issue 41, stop 46)"): the same arithmetic summed in another order, equal to rounding. The
+// callers check the arguments and take these paths only where they apply (no dropout in
+// training, one model call per loss, fused optimizers, float32/float64 on CPU); the kernels
+// called check again what they read.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+#include "isa.h"      // the ISA ladder (GLAI_X86, GLAI_ISA_BEGIN/END)
+#include "kernels.h"  // glai_cpu::isa(): the instruction set the extension's kernels use
+
+// The MLP step's own GEMMs (mlp_gemm.inc), once per instruction set as cpu_dispatch.cpp
+// compiles kernels.inc, chosen with the extension's other kernels (glai_cpu::isa()).
+#if GLAI_X86
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
+namespace glai_cpu::mlp_avx512 {
+#define VBYTES 64
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_avx512
+GLAI_ISA_END()
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX2)
+namespace glai_cpu::mlp_avx2 {
+#define VBYTES 32
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_avx2
+GLAI_ISA_END()
+#endif  // GLAI_X86
+namespace glai_cpu::mlp_portable {
+#define VBYTES 16
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_portable
 
 namespace glai_ext {
 namespace {
@@ -183,6 +220,69 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
 }
 
+template <class T>
+using GemmFn = void (*)(const T*, int64_t, int64_t, const T*, int64_t, int64_t, T*, int64_t,
+                        int64_t, int64_t, int64_t);
+
+template <class T>
+GemmFn<T> pick_gemm() {
+  const char* isa = glai_cpu::isa();
+  constexpr bool f = std::is_same_v<T, float>;
+#if GLAI_X86
+  if (std::strcmp(isa, "avx512") == 0)
+    return f ? GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_f)
+             : GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_d);
+  if (std::strcmp(isa, "avx2") == 0)
+    return f ? GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_f)
+             : GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_d);
+#endif
+  (void)isa;
+  return f ? GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_f)
+           : GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_d);
+}
+
+// out rows [0, rows) of mlp_gemm.inc's form, split over torch's threads by rows (each row's
+// sums are the same for any split), small products on one thread
+template <class T>
+void gemm_rows(const T* A, int64_t sr, int64_t sk, const T* M, int64_t ldm, int64_t K, T* out,
+               int64_t ldo, int64_t len, int64_t rows) {
+  const GemmFn<T> fn = pick_gemm<T>();
+  const int64_t per_row = std::max<int64_t>(1, K * len);
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / per_row);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    fn(A, sr, sk, M, ldm, K, out, ldo, len, begin, end);
+  });
+}
+
+constexpr int64_t kBatchPad = 16;  // x^T's rows padded to whole vectors of any ISA's float
+
+// y [B, N] = h [B, I] W^T + b (and its ReLU when `relu`), by the step's own GEMM: h^T padded
+// to whole vectors, y^T = W h^T with the batch along the lanes, then y = y^T^T + b
+template <class T>
+at::Tensor own_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                      bool relu) {
+  const int64_t batch = h.size(0), inputs = h.size(1), n = weight.size(0);
+  const int64_t ld = (batch + kBatchPad - 1) / kBatchPad * kBatchPad;
+  at::Tensor ht = at::zeros({inputs, ld}, h.options());
+  at::Tensor yt = at::empty({n, ld}, h.options());
+  at::Tensor y = at::empty({batch, n}, h.options());
+  const T* hp = h.const_data_ptr<T>();
+  T* htp = ht.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < inputs; ++i) htp[i * ld + b] = hp[b * inputs + i];
+  gemm_rows<T>(weight.const_data_ptr<T>(), inputs, 1, htp, ld, inputs, yt.mutable_data_ptr<T>(),
+               ld, ld, n);
+  const T* ytp = yt.const_data_ptr<T>();
+  const T* bp = bias.const_data_ptr<T>();
+  T* yp = y.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t o = 0; o < n; ++o) {
+      const T v = ytp[o * ld + b] + bp[o];
+      yp[b * n + o] = relu && v <= T(0) ? T(0) : v;  // torch.relu's: NaN stays NaN
+    }
+  return y;
+}
+
 void check_chain(const char* who, at::TensorList weights, at::TensorList biases) {
   TORCH_CHECK(!weights.empty() && weights.size() == biases.size(), who,
               ": weights and biases must be one per Linear (at least one), got ",
@@ -193,13 +293,42 @@ void check_chain(const char* who, at::TensorList weights, at::TensorList biases)
                 weights[l].sizes());
 }
 
+// What the step's own GEMMs read as raw rows: contiguous float32/float64 CPU tensors of x's
+// dtype (the caller's hidden outputs are the forward's own, contiguous)
+void check_own(const char* who, const at::Tensor& x, at::TensorList weights,
+               at::TensorList biases) {
+  const auto t = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_cpu() && x.is_contiguous() &&
+                  (t == at::kFloat || t == at::kDouble) && x.size(1) == weights[0].size(1),
+              who, ": x must be a contiguous [B, ", weights[0].size(1),
+              "] float32/float64 CPU tensor for own_gemm, got ", t, " ", x.sizes());
+  for (size_t l = 0; l < weights.size(); ++l)
+    TORCH_CHECK(weights[l].is_contiguous() && biases[l].is_contiguous() &&
+                    weights[l].scalar_type() == t && biases[l].scalar_type() == t &&
+                    weights[l].is_cpu() && biases[l].dim() == 1 &&
+                    biases[l].size(0) == weights[l].size(0),
+                who, ": weights[", l, "] and biases[", l, "] must be contiguous CPU tensors of "
+                "x's dtype, bias [", weights[l].size(0), "]");
+}
+
 std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList weights,
-                                         at::TensorList biases) {
+                                         at::TensorList biases, bool own_gemm) {
   check_chain("glai_ext::mlp_step_forward", weights, biases);
   std::vector<at::Tensor> out(1);
   at::Tensor h = x;
   const size_t last = weights.size() - 1;
+  if (own_gemm) check_own("glai_ext::mlp_step_forward", x, weights, biases);
   for (size_t l = 0; l <= last; ++l) {
+    if (own_gemm) {
+      const at::Tensor& w = weights[l];
+      h = x.scalar_type() == at::kDouble ? own_linear<double>(h, w, biases[l], l < last)
+                                         : own_linear<float>(h, w, biases[l], l < last);
+      if (l == last)
+        out[0] = h;
+      else
+        out.push_back(h);
+      continue;
+    }
     at::Tensor pre = at::addmm(biases[l], h, weights[l].t());  // F.linear's call on 2-D input
     if (l == last) {
       out[0] = pre;
@@ -211,19 +340,52 @@ std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList wei
   return out;
 }
 
+// The backward of one Linear by the step's own GEMMs: dW = dy^T input into gw, and, when
+// `dh` is defined, dh = (dy W) where input > 0 (threshold_backward's: 0 where input <= 0)
+template <class T>
+void own_backward(const at::Tensor& dy, const at::Tensor& input, const at::Tensor& weight,
+                  at::Tensor& gw, at::Tensor* dh) {
+  const int64_t batch = dy.size(0), n = dy.size(1), inputs = input.size(1);
+  const T* d = dy.const_data_ptr<T>();
+  gemm_rows<T>(d, 1, n, input.const_data_ptr<T>(), inputs, batch, gw.mutable_data_ptr<T>(),
+               inputs, inputs, n);
+  if (dh == nullptr) return;
+  *dh = at::empty({batch, inputs}, dy.options());
+  T* p = dh->mutable_data_ptr<T>();
+  gemm_rows<T>(d, n, 1, weight.const_data_ptr<T>(), inputs, n, p, inputs, inputs, batch);
+  const T* h = input.const_data_ptr<T>();
+  for (int64_t e = 0; e < batch * inputs; ++e)
+    if (h[e] <= T(0)) p[e] = T(0);
+}
+
 void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
                      at::TensorList weights, at::TensorList biases, at::TensorList grads,
-                     double lr, double weight_decay, double dampening) {
+                     double lr, double weight_decay, double dampening, bool own_gemm) {
   constexpr const char* who = "glai_ext::mlp_step_update";
   check_chain(who, weights, biases);
   const size_t layers = weights.size();
   TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
               ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
               hidden.size(), " and ", grads.size());
-  at::Tensor dy = dy_in;
+  if (own_gemm) check_own(who, x, weights, biases);
+  at::Tensor dy = own_gemm ? dy_in.contiguous() : dy_in;
   for (size_t l = layers; l-- > 0;) {
     const at::Tensor& input = l == 0 ? x : hidden[l - 1];
     at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
+    if (own_gemm) {
+      TORCH_CHECK(gw.is_contiguous() && gw.sizes() == weights[l].sizes() &&
+                      gw.scalar_type() == x.scalar_type(),
+                  who, ": grads[", 2 * l, "] must be a contiguous tensor like weights[", l, "]");
+      at::Tensor dh;
+      const bool dbl = x.scalar_type() == at::kDouble;
+      if (dbl)
+        own_backward<double>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
+      else
+        own_backward<float>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
+      at::sum_out(gb, dy, at::IntArrayRef{0});
+      if (l > 0) dy = dh;
+      continue;
+    }
     at::mm_out(gw, dy.t(), input);
     at::sum_out(gb, dy, at::IntArrayRef{0});
     if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
@@ -250,11 +412,13 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
       "Tensor(e!)? bias, Tensor(f!)? bias_exp_avg, Tensor(g!)? bias_exp_avg_sq, "
       "Tensor(h!)? bias_step, float lr, float beta1, float beta2, float weight_decay, "
       "float eps, bool decoupled) -> ()");
-  m.def("mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]");
+  m.def(
+      "mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases, bool own_gemm) "
+      "-> Tensor[]");
   m.def(
       "mlp_step_update(Tensor dy, Tensor x, Tensor[] hidden, Tensor(a!)[] weights, "
       "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
-      "float dampening) -> ()");
+      "float dampening, bool own_gemm) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
