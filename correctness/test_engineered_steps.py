@@ -239,3 +239,24 @@ def test_native_mlp_step_ops_name_bad_arguments():
     model = _model((3, 4, 2), torch.float32)
     with pytest.raises(ValueError, match="gemm must be 'own' or 'torch'"):
         HandFusedMLPStep(model, torch.optim.SGD(model.parameters(), lr=0.1), gemm="mkl")
+
+
+def test_own_gemm_gives_the_same_bits_on_any_thread_count():
+    """The own GEMM splits rows over torch's threads; each row's sums keep their order."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(21, 300, generator=gen)
+    ws = [torch.randn(257, 300, generator=gen), torch.randn(31, 257, generator=gen)]
+    bs = [torch.randn(257, generator=gen), torch.randn(31, generator=gen)]
+    previous, results = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y, h = torch.ops.glai_ext.mlp_step_forward(x, ws, bs, True)
+            grads = [torch.empty_like(t) for pair in zip(ws, bs, strict=True) for t in pair]
+            params = [t.clone() for pair in zip(ws, bs, strict=True) for t in pair]
+            torch.ops.glai_ext.mlp_step_update(torch.ones_like(y), x, [h], params[0::2],
+                                               params[1::2], grads, 0.1, 0.01, 0.0, True)
+            results.append([y, h, *grads, *params])
+    finally:
+        torch.set_num_threads(previous)
+    assert _equal(results[0], results[1])
