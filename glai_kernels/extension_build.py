@@ -76,6 +76,7 @@ def cpu_sources() -> list[Path]:
             CSRC / "eager_autograd.cpp",
             CSRC / "cpu" / "cpu_dense_binding.cpp", CSRC / "cpu" / "cpu_dispatch.cpp",
             CSRC / "cpu" / "cpu_sparse_binding.cpp", CSRC / "cpu" / "sparse_kernels.cpp",
+            CSRC / "cpu" / "engineered_steps.cpp",
             CSRC / "cpu" / "sparse_eager_autograd.cpp"]
 
 

@@ -27,8 +27,16 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
   MLP compiled     `torch.compile` of the MLP's forward and loss, backward through the
              compiled graph, the fused SGD step (`compiled_mlp_step`), on another copy
              (`--no-compile` leaves it out).
+  GLAI fused, Python / MLP hand-fused, Python   the two engineered steps with `native=False`:
+             their Python paths, the forward and the update as the op calls they are made of
+             (torch's GEMMs on the MLP's side), where the default runs each as one extension
+             call (csrc/cpu/engineered_steps.cpp), on copies.
+  MLP hand-fused, torch GEMM   the native MLP step with `gemm="torch"`: torch's MKL GEMMs where
+             the default runs the step's own (csrc/cpu/mlp_gemm.inc, as GLAI's selector runs
+             on the extension's GEMM), on a copy.
 The ratios the issue 41 targets read: the paper protocol's (ordinary GLAI / ordinary MLP) and
-the engineered protocol's (GLAI fused / the faster engineered MLP step).
+the engineered protocol's (GLAI fused / the fastest engineered MLP step: the native hand-fused
+step on its own GEMM or torch's, its Python path, or the compiled one).
 
 `--pieces` times instead where the ordinary GLAI step's time goes (`ordinary_pieces`), the
 pieces interleaved as the steps are, on the CPU clock: the step; the head's forward with and
@@ -79,8 +87,9 @@ def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.
 
 
 def _fused_stepper(head: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                   target: torch.Tensor, kernel_adam: bool = True) -> Callable[[], None]:
-    stepper = FusedSparseStep(head, optimizer, kernel_adam=kernel_adam)
+                   target: torch.Tensor, kernel_adam: bool = True,
+                   native: bool = True) -> Callable[[], None]:
+    stepper = FusedSparseStep(head, optimizer, kernel_adam=kernel_adam, native=native)
     return lambda: stepper.step(lambda model: (model(x) - target).square().mean())
 
 
@@ -91,7 +100,9 @@ def _squared_error(target: torch.Tensor) -> Callable[[torch.nn.Module, torch.Ten
 def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
                compiled: bool = True) -> tuple[dict[str, Callable[[], None]], str]:
     """({"MLP": step, "GLAI": step, "GLAI fused": step, "GLAI fused, torch Adam": step,
-    "MLP hand-fused": step[, "MLP compiled": step]}, a description) for paper head `name`."""
+    "GLAI fused, Python": step, "MLP hand-fused": step, "MLP hand-fused, torch GEMM": step,
+    "MLP hand-fused, Python": step[, "MLP compiled": step]}, a description) for paper head
+    `name`."""
     spec, settings = PAPER_HEADS[name], paper_training(PAPER_HEADS[name])
     torch.manual_seed(0)
     original = make_mlp((spec.n0, spec.n1, spec.n2))
@@ -100,7 +111,7 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
     head.backend = backend
     batch = batch or settings.batch_size
     x, target = torch.randn(batch, spec.n0), torch.randn(batch, spec.n2)
-    fused, fused_torch = copy.deepcopy(head), copy.deepcopy(head)
+    fused, fused_torch, fused_python = (copy.deepcopy(head) for _ in range(3))
 
     def adam(model: torch.nn.Module) -> torch.optim.Optimizer:
         return make_optimizer("adam", [p for p in model.parameters() if p.requires_grad],
@@ -108,15 +119,21 @@ def head_steps(name: str, backend: str = "cpp", batch: int | None = None,
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return make_optimizer("sgd", model.parameters(), lr=settings.lr,
                               weight_decay=settings.mlp_weight_decay)
-    hand, twin = copy.deepcopy(original), copy.deepcopy(original)
+    hand, twin, hand_py, hand_mkl = (copy.deepcopy(original) for _ in range(4))
     hand_step, loss = HandFusedMLPStep(hand, sgd(hand)), _squared_error(target)
+    python_step = HandFusedMLPStep(hand_py, sgd(hand_py), native=False)
+    mkl_step = HandFusedMLPStep(hand_mkl, sgd(hand_mkl), gemm="torch")
     steps = {
         "MLP": _stepper(original, sgd(original), x, target),
         "GLAI": _stepper(head, adam(head), x, target),
         "GLAI fused": _fused_stepper(fused, adam(fused), x, target),
         "GLAI fused, torch Adam": _fused_stepper(fused_torch, adam(fused_torch), x, target,
                                                  kernel_adam=False),
+        "GLAI fused, Python": _fused_stepper(fused_python, adam(fused_python), x, target,
+                                             native=False),
         "MLP hand-fused": lambda: hand_step.step(lambda model: loss(model, x)),
+        "MLP hand-fused, torch GEMM": lambda: mkl_step.step(lambda model: loss(model, x)),
+        "MLP hand-fused, Python": lambda: python_step.step(lambda model: loss(model, x)),
     }
     if compiled:
         compiled_step = compiled_mlp_step(twin, loss, sgd(twin))
@@ -243,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
           f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step; the "
           f"paper protocol's ratio (ordinary / ordinary) and the engineered one's (GLAI fused "
-          f"/ the faster of the hand-fused and compiled MLP steps)")
+          f"/ the fastest engineered MLP step)")
     clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
     if args.pieces:
         for name in args.heads:
@@ -271,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cells(clock: str, best: dict[str, float]) -> str:
     mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
-    torch_adam = best["GLAI fused, torch Adam"]
-    engineered = {m: best[m] for m in ("MLP hand-fused", "MLP compiled") if m in best}
+    torch_adam, python = best["GLAI fused, torch Adam"], best["GLAI fused, Python"]
+    engineered = {m: best[m] for m in ("MLP hand-fused", "MLP hand-fused, torch GEMM",
+                                       "MLP hand-fused, Python", "MLP compiled") if m in best}
     winner = min(engineered, key=engineered.get)
     others = "".join(f", {m[4:]} {1e3 * s:.3f} ms" for m, s in engineered.items())
     return (f"{clock}: MLP {1e3 * mlp:.3f} ms, GLAI {1e3 * glai:.3f} ms ({glai / mlp:.2f}x), "
             f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x), fused with torch's Adam "
-            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x); MLP engineered{others}: "
+            f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x), fused's Python path "
+            f"{1e3 * python:.3f} ms ({python / mlp:.2f}x); MLP engineered{others}: "
             f"paper ratio {glai / mlp:.2f}x, engineered ratio (fused / {winner[4:]}) "
             f"{fused / engineered[winner]:.2f}x")
 

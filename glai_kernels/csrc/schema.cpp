@@ -8,6 +8,9 @@
 //             cuda/cuda_sparse_step_binding.cpp (sparse_dvalues_adam_t, bias_adam_t), when built
 //   Autograd  eager_autograd.cpp (estimator_eager),
 //             cpu/sparse_eager_autograd.cpp (sparse_estimator_eager)
+//   CPU, with their schemas beside them: cpu/engineered_steps.cpp (sparse_step_forward,
+//             sparse_step_update, mlp_step_forward, mlp_step_update: the engineered protocol's
+//             steps, GLAI's and the MLP's, as one call for the forward and one for the update)
 //   none      the control ops, which take no tensor (one kernel for every caller): in the CPU
 //             binding of their kernels
 // The dispatcher holds a kernel registered before its schema until the schema arrives, so

@@ -36,6 +36,16 @@ it the bit-for-bit equality with the ordinary loop.
 
 After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
 
+The engineered protocol's step (`native=True`, the default; issue 41): where the step allows
+it (the head's one-layer selector without dropout in training, on the extension's GEMM; the
+`cpp` backend; float32/float64 on CPU), the model call is one extension call,
+`glai_ext::sparse_step_forward` (the selector's gates, x with its column of ones, the sparse
+forward and the bias), and with the update in the kernel and the bias in the values' fused
+group, the update is one more, `glai_ext::sparse_step_update` (both step counts, dvalues with
+the values' Adam, the bias's): the same kernels on the same tensors as the Python path, so the
+same bits, without the Python and dispatches around them (csrc/cpu/engineered_steps.cpp). The
+MLP's engineered step gets the same two calls (glai/mlp_step.py, `HandFusedMLPStep`).
+
 The step follows its head: each step checks (by identity and size) the tensors it reads, so
 after `head.load_state_dict(...)`, of the same K or another, it trains what was loaded. A
 load of another K keeps the values' Parameter object (SparsePathWeight) but resizes it: the
@@ -59,6 +69,7 @@ from glai_kernels import calls as backend_calls
 from glai_kernels import fused, registry
 from glai_kernels.contract import accumulation_dtype
 from glai_kernels.glai.head import GLAIHead
+from glai_kernels.glai.selector import PathSelector, _padded_columns
 from glai_kernels.sparse import op as sparse_op
 from glai_kernels.sparse.layout import KeptIndex
 
@@ -110,12 +121,14 @@ class FusedSparseStep:
             without amsgrad, maximize, capturable, differentiable or a grad scaler.
         kernel_adam: update the kept values inside the `cpp` dvalues kernel where the step
             allows it (module docstring); False: always torch's `_fused_adam_`.
+        native: run the forward and the update as one extension call each where the step
+            allows it (module docstring); False: the Python path (the same bits).
     Raises:
         ValueError naming the argument when either is not supported.
     """
 
     def __init__(self, head: GLAIHead, optimizer: torch.optim.Optimizer,
-                 kernel_adam: bool = True) -> None:
+                 kernel_adam: bool = True, native: bool = True) -> None:
         why = _refuse_head(head)
         if why is not None:
             raise ValueError(f"FusedSparseStep: {why}")
@@ -123,7 +136,9 @@ class FusedSparseStep:
         if why is not None:
             raise ValueError(f"FusedSparseStep: {why}")
         self.head, self.optimizer = head, optimizer
-        self.kernel_adam = bool(kernel_adam)
+        self.kernel_adam, self.native = bool(kernel_adam), bool(native)
+        # (plan, (batch, request, $GLAI_BACKEND, grad mode), the backend's name)
+        self._native_resolved = None
         self._resolved = None  # ((request, $GLAI_BACKEND, device, dtype, call), backend)
         self._cached_plan: _Plan | None = None
 
@@ -142,6 +157,16 @@ class FusedSparseStep:
         # the selector checks x's shape; what the estimator's checks (`check_inputs`) would
         # add here is fixed for the head and was checked when its weight was built
         batch = x.shape[0]
+        if self.native and self._native_forward(x, plan):
+            weight_t, sel_bias = plan.selector._derived(
+                "columns", (plan.sel_buffers["weight0"], plan.sel_buffers["bias0"],
+                            plan.sel_buffers["units"]), _selector_columns)
+            y, x_aug, act = torch.ops.glai_ext.sparse_step_forward(
+                x, weight_t, sel_bias, plan.paths, values.detach(), plan.index_list,
+                None if plan.bias is None else plan.bias.detach())
+            y.requires_grad_(True)
+            calls.append((x_aug, act, self._resolved[1], y))
+            return y
         with torch.no_grad():
             act = plan.selector(x).contiguous()
             x_aug = F.pad(x, (0, 1), value=1.0).contiguous()
@@ -159,6 +184,38 @@ class FusedSparseStep:
         y.requires_grad_(True)
         calls.append((x_aug, act, impl, y))
         return y
+
+    def _native_forward(self, x: torch.Tensor, plan: _Plan) -> bool:
+        """Whether this model call can be `glai_ext::sparse_step_forward`: the selector's
+        extension path of one frozen layer (PathSelector.forward's own condition), a
+        non-empty call, and the `cpp` backend resolved for it (`_backend`'s resolution, kept
+        per batch size: the call's shape is fixed by the plan but for the batch)."""
+        selector = plan.selector
+        if not (plan.native and x.dim() == 2 and x.shape[0] > 0
+                and x.shape[1] == selector.widths[0]
+                and not (selector.training and selector.dropout[0] > 0)
+                and selector._use_extension(x)):
+            return False
+        key = (x.shape[0], self.head.backend, os.environ.get(registry.ENV_VAR),
+               torch.is_grad_enabled())
+        known = self._native_resolved
+        if known is None or known[0] is not plan or known[1] != key:
+            # the backend `_backend` picks for x_aug [B, n0 + 1] and act [B, P]: resolved on
+            # stand-ins of their shapes (what auto is told: the shapes, device, dtype, mode)
+            shape_of = x.new_empty(())
+            self._backend(shape_of.expand(x.shape[0], x.shape[1] + 1),
+                          shape_of.expand(x.shape[0], plan.paths), plan)
+            self._native_resolved = (plan, key, self._resolved[1].name)
+        elif self._resolved is None:
+            return False
+        else:  # the resolution `_backend` keeps: the head's backend_used, as it sets it
+            self._backend_used(self._resolved[1])
+        return self._native_resolved[2] == "cpp" and self._resolved[1].name == "cpp"
+
+    def _backend_used(self, impl) -> None:
+        used = f"sparse:{impl.name}"
+        if self.head.__dict__.get("backend_used") != used:  # nn.Module's __setattr__ ≈ 1 µs
+            self.head.backend_used = used
 
     def _backend(self, x_aug: torch.Tensor, act: torch.Tensor, plan: _Plan):
         """The sparse backend the head's forward would run (GLAIHead.forward's resolve)."""
@@ -191,8 +248,14 @@ class FusedSparseStep:
             if plan is not None:
                 self._rebind()
             selector, _, bias, values = parts[:4]
-            plan = _Plan(parts, selector, bias, values, sparse_op.contiguous_index(sw.index),
-                         sw.shape[0], values.numel())
+            index = sparse_op.contiguous_index(sw.index)
+            buffers = selector._buffers
+            native = (isinstance(selector, PathSelector) and selector.hidden_layers == 1
+                      and values.device.type == "cpu"
+                      and values.dtype in (torch.float32, torch.float64) and values.numel() > 0)
+            plan = _Plan(parts, selector, bias, values, index, sw.shape[0], values.numel(),
+                         native, buffers, buffers["units"].shape[1] if native else 0,
+                         list(index))
             self._cached_plan = plan
         return plan
 
@@ -224,6 +287,8 @@ class FusedSparseStep:
         bias, values = plan.bias, plan.values
         train_bias = bias is not None and bias.requires_grad
         group = self._kernel_adam_group(calls, grads, plan)
+        if group is not None and self.native and self._native_update(group, calls, grads, plan):
+            return loss.detach()
         if group is not None:
             (x_aug, act, _, _), dy = calls[0], grads[0].contiguous()
             self._adam_in_kernel(group, dy, x_aug, act, plan)
@@ -263,6 +328,27 @@ class FusedSparseStep:
                 and plan.values.dtype in (torch.float32, torch.float64)):
             return None
         return self._fused_group(plan.values)
+
+    def _native_update(self, group: dict, calls: list, grads: tuple, plan: _Plan) -> bool:
+        """The kernel-Adam update as one call, `glai_ext::sparse_step_update`, when the
+        bias (if trained) is in the values' group; False (nothing done) otherwise."""
+        bias = plan.bias
+        if bias is not None and bias.requires_grad:
+            if not any(p is bias for p in group["params"]):
+                return False
+            bias_state = self._state(bias)
+            bias_args = (bias.detach(), bias_state["exp_avg"], bias_state["exp_avg_sq"],
+                         bias_state["step"])
+        else:
+            bias_args = (None, None, None, None)
+        state = self._state(plan.values)
+        beta1, beta2 = group["betas"]
+        x_aug, act, _, _ = calls[0]
+        torch.ops.glai_ext.sparse_step_update(
+            grads[0], x_aug, act, plan.values.detach(), plan.index_list, state["exp_avg"],
+            state["exp_avg_sq"], state["step"], *bias_args, float(group["lr"]), beta1, beta2,
+            group["weight_decay"], group["eps"], bool(group.get("decoupled_weight_decay")))
+        return True
 
     def _fused_group(self, param: torch.Tensor) -> dict | None:
         """`param`'s param group when it is a fused one, else None."""
@@ -352,6 +438,18 @@ class _Plan(NamedTuple):
     index: KeptIndex  # contiguous
     outputs: int
     nnz: int
+    native: bool  # the selector and the values allow the native forward (`_native_forward`)
+    sel_buffers: dict  # the selector's buffers (its module dict: read without __getattr__)
+    paths: int  # P, the selector's path columns (0 where not native)
+    index_list: list  # `index` as the list the extension's ops take
+
+
+def _selector_columns(weight: torch.Tensor, bias: torch.Tensor | None, units: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The selected units' columns, zero padded to whole tiles: PathSelector.forward's own
+    derivation for its one-layer extension path (the same cache entry, "columns")."""
+    return _padded_columns(weight.index_select(0, units[0]).t(),
+                           None if bias is None else bias.index_select(0, units[0]))
 
 
 def fused_step_for(model: torch.nn.Module, optimizer: torch.optim.Optimizer

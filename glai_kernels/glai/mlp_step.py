@@ -18,6 +18,19 @@ and dropout's backward as autograd computes them, and the update is torch's own
 `optimizer.step()` on the gradients for any other optimizer. The values equal the ordinary
 step's to rounding (the weight gradient's product is taken in another order).
 
+The engineered protocol's step (`native=True`, the default; issue 41), as GLAI's fused step
+gets it: for a chain Linear (ReLU Linear)* with biases (dropout modules allowed where they do
+nothing: rate 0 or eval mode), float32/float64 on CPU, one fused SGD group with momentum 0,
+each model call is one extension call, `glai_ext::mlp_step_forward` (the addmm and relu
+calls), and with one call per loss the backward and update are one more,
+`glai_ext::mlp_step_update` (the gradients' mm and sum into buffers kept by the step, the
+ReLUs' threshold_backward, torch's `_fused_sgd_`): with `gemm="torch"` the same kernels on
+the same tensors as the Python path, so the same bits (csrc/cpu/engineered_steps.cpp). With
+`gemm="own"` (the default) each Linear's three products (x W^T, dy^T h, dy W) run on the
+step's own GEMM (csrc/cpu/mlp_gemm.inc) instead of torch's MKL one, as GLAI's selector runs on
+the extension's GEMM: the same arithmetic in another summation order, equal to the ordinary
+step to rounding.
+
 `compiled_mlp_step(model, task.loss, optimizer)`: `torch.compile` of the forward and the loss
 (backward through the compiled graph), torch's fused optimizer step; dropout draws eager's
 random numbers (`fallback_random`), so it too equals the ordinary step to rounding.
@@ -30,6 +43,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from glai_kernels import fused
 
 
 def _modules(model: nn.Module) -> list[nn.Module]:
@@ -56,7 +71,8 @@ class HandFusedMLPStep:
     """One SGD (or any optimizer's) step of a Linear/ReLU/Dropout chain without autograd
     over the model (module docstring). `step(loss_of)` returns the loss (detached)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 native: bool = True, gemm: str = "own") -> None:
         self.model, self.modules = model, _modules(model)
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if stepped != {id(p) for p in model.parameters() if p.requires_grad}:
@@ -64,6 +80,54 @@ class HandFusedMLPStep:
         self.optimizer = optimizer
         self.first = next(k for k, m in enumerate(self.modules) if isinstance(m, nn.Linear))
         self.sgd = _is_plain_fused_sgd(optimizer)
+        self.native = bool(native)
+        if gemm not in ("own", "torch"):
+            raise ValueError(f"gemm must be 'own' or 'torch', got {gemm!r}")
+        self.gemm = gemm
+        self._grads: list[torch.Tensor] = []  # the native update's gradient buffers
+
+    def _native_layers(self, x: torch.Tensor) -> tuple[list, list, bool] | None:
+        """(weights, biases, own GEMM) of the chain when this call can run natively (module
+        docstring), else None."""
+        groups = self.optimizer.param_groups
+        if not (self.native and self.sgd and len(groups) == 1
+                and not isinstance(groups[0]["lr"], torch.Tensor)
+                and x.dim() == 2 and x.device.type == "cpu"
+                and x.dtype in (torch.float32, torch.float64) and fused.unavailable() is None):
+            return None
+        weights, biases, want_linear = [], [], True
+        for m in self.modules:
+            if isinstance(m, nn.Dropout):
+                if m.training and m.p > 0:
+                    return None
+                continue
+            if want_linear != isinstance(m, nn.Linear):
+                return None
+            if want_linear:
+                weight, bias = m._parameters["weight"], m._parameters["bias"]
+                if (bias is None or not weight.requires_grad or not bias.requires_grad
+                        or weight.dtype != x.dtype):
+                    return None
+                weights.append(weight.detach())
+                biases.append(bias.detach())
+            want_linear = not want_linear
+        if want_linear:  # the chain must end on a Linear
+            return None
+        return weights, biases, self.gemm != "torch"
+
+    def _native_saved(self, x: torch.Tensor, hidden: list) -> list:
+        """What `_forward` saves, from the native forward's hidden outputs."""
+        saved, h, j = [], x, 0
+        for m in self.modules:
+            if isinstance(m, nn.Linear):
+                saved.append(h)
+            elif isinstance(m, nn.ReLU):
+                h = hidden[j]
+                j += 1
+                saved.append(h)
+            else:
+                saved.append(None)
+        return saved
 
     def _forward(self, x: torch.Tensor, saved: list) -> torch.Tensor:
         h = x
@@ -108,8 +172,17 @@ class HandFusedMLPStep:
     def step(self, loss_of: Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
              ) -> torch.Tensor:
         calls: list[tuple[torch.Tensor, list]] = []
+        native: list = []  # (x, hidden, weights, biases) of each native call
 
         def stand_in(x: torch.Tensor) -> torch.Tensor:
+            layers = self._native_layers(x)
+            if layers is not None:
+                x = x.contiguous() if layers[2] else x  # the own GEMM reads x's rows
+                y, *hidden = torch.ops.glai_ext.mlp_step_forward(x, *layers)
+                native.append((x, hidden, *layers))
+                y.requires_grad_()
+                calls.append((y, None))  # saved: from `native` when the Python path needs it
+                return y
             saved: list = []
             with torch.no_grad():
                 y = self._forward(x, saved)
@@ -119,11 +192,33 @@ class HandFusedMLPStep:
 
         loss = loss_of(stand_in)
         dys = torch.autograd.grad(loss, [y for y, _ in calls])
+        if len(calls) == 1 and len(native) == 1:
+            self._native_update(dys[0], *native[0])
+            return loss.detach()
         grads: dict = {}
+        hiddens = iter(native)
         for (_, saved), dy in zip(calls, dys, strict=True):
+            if saved is None:
+                x, hidden, *_ = next(hiddens)
+                saved = self._native_saved(x, hidden)
             self._backward(dy, saved, grads)
         self._update(grads)
         return loss.detach()
+
+    def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, weights: list,
+                       biases: list, own: bool) -> None:
+        """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
+        the gradients into buffers kept from step to step (the parameters' shapes)."""
+        grads = self._grads
+        params = [p for pair in zip(weights, biases, strict=True) for p in pair]
+        if len(grads) != len(params) or any(
+                g.shape != p.shape or g.dtype != p.dtype for g, p in zip(grads, params,
+                                                                         strict=True)):
+            grads = self._grads = [torch.empty_like(p) for p in params]
+        group = self.optimizer.param_groups[0]
+        torch.ops.glai_ext.mlp_step_update(dy, x, hidden, weights, biases, grads,
+                                           group["lr"], group["weight_decay"],
+                                           group["dampening"], own)
 
     def _update(self, grads: dict) -> None:
         if not self.sgd:

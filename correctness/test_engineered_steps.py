@@ -1,0 +1,262 @@
+"""The engineered protocol's native steps (csrc/cpu/engineered_steps.cpp; issue 41): GLAI's
+`FusedSparseStep` and the MLP's `HandFusedMLPStep` with `native=True` run the forward and the
+update as one extension call each, and must compute the Python path's (`native=False`) values,
+optimizer state and loss bit for bit: the same kernels on the same tensors in the same order."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fused_step_setup import BATCH, STEPS, batches, sparse_head, state_of
+from glai_models import random_mlp
+
+from glai_kernels import fused
+from glai_kernels.glai.fused_step import FusedSparseStep
+from glai_kernels.glai.mlp_step import HandFusedMLPStep
+
+pytestmark = pytest.mark.skipif(fused.unavailable() is not None,
+                                reason=f"extension: {fused.unavailable()}")
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def _count(stepper, name: str) -> list[int]:
+    """Wrap stepper.<name> to count the calls that returned something true (or None)."""
+    calls, real = [0], getattr(stepper, name)
+
+    def spy(*args):
+        out = real(*args)
+        calls[0] += out is None or bool(out)
+        return out
+    setattr(stepper, name, spy)
+    return calls
+
+
+def _glai_run(head, make_optimizer, native: bool, views: int = 1, lr_scale: float = 1.0):
+    """STEPS fused steps of `head` (cross entropy; `views` model calls per loss); returns
+    (losses, state after, (native forwards, native updates) run)."""
+    optimizer = make_optimizer([p for p in head.parameters() if p.requires_grad])
+    for group in optimizer.param_groups:
+        group["lr"] *= lr_scale
+    stepper = FusedSparseStep(head, optimizer, native=native)
+    forwards, updates = _count(stepper, "_native_forward"), _count(stepper, "_native_update")
+    losses = []
+    torch.manual_seed(11)  # dropout's random numbers, where the head has dropout
+    for x, target in batches(head.sparse_weight.values.dtype):
+        losses.append(stepper.step(lambda model, x=x, t=target: sum(
+            F.cross_entropy(model(x), t) for _ in range(views))))
+    return losses, state_of(head, optimizer), (forwards[0], updates[0])
+
+
+ADAMS = {"adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, fused=True),
+         "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=True)}
+
+
+def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("adam", list(ADAMS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_fused_step_is_the_python_fused_step_bit_for_bit(dtype, adam):
+    head = sparse_head(dtype, backend="cpp")
+    twin = copy.deepcopy(head)
+    losses, state, updates = _glai_run(head, ADAMS[adam], native=True)
+    assert updates == (STEPS, STEPS)  # the native forward and update ran every step
+    python_losses, python_state, python_updates = _glai_run(twin, ADAMS[adam], native=False)
+    assert python_updates == (0, 0)
+    assert _equal(losses, python_losses)
+    assert _equal(state, python_state)
+    assert head.backend_used == twin.backend_used == "sparse:cpp"
+
+
+def test_the_comparison_sees_a_wrong_native_step():
+    """The known-wrong variant: a learning rate one part in 10^6 off changes the bits."""
+    head = sparse_head(torch.float32, backend="cpp")
+    twin = copy.deepcopy(head)
+    _, state, _ = _glai_run(head, ADAMS["adam"], native=True, lr_scale=1 + 1e-6)
+    _, python_state, _ = _glai_run(twin, ADAMS["adam"], native=False)
+    assert not _equal(state, python_state)
+
+
+@pytest.mark.parametrize("case", ["two calls", "dropout", "separate bias group"])
+def test_native_fused_step_falls_back_where_it_does_not_apply(case):
+    """Two model calls per loss (native forwards, the update from Python), selector dropout
+    (the Python forward, the native update), the bias in its own group (the native forward,
+    the update from Python): still the Python path's bits."""
+    head = sparse_head(torch.float64, dropout=0.3 if case == "dropout" else 0.0, backend="cpp")
+    twin = copy.deepcopy(head)
+    make = ADAMS["adam"]
+    if case == "separate bias group":
+        def make(params):
+            values, bias = params
+            return torch.optim.Adam([{"params": [values]}, {"params": [bias], "lr": 3e-2}],
+                                    lr=1e-2, fused=True)
+    views = 2 if case == "two calls" else 1
+    losses, state, updates = _glai_run(head, make, native=True, views=views)
+    python_losses, python_state, _ = _glai_run(twin, make, native=False, views=views)
+    assert updates == {"two calls": (2 * STEPS, 0), "dropout": (0, STEPS),
+                       "separate bias group": (STEPS, 0)}[case]
+    assert _equal(losses, python_losses)
+    assert _equal(state, python_state)
+
+
+def _mlp_run(model, native: bool, views: int = 1, gemm: str = "torch"):
+    """STEPS hand-fused SGD steps (fused, weight decay) of `model` on a seeded [BATCH, n0]
+    squared error; returns (losses, parameters after, native updates run)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, fused=True)
+    stepper = HandFusedMLPStep(model, optimizer, native=native, gemm=gemm)
+    updates = _count(stepper, "_native_update")
+    first = next(m for m in model if isinstance(m, torch.nn.Linear))
+    last = [m for m in model if isinstance(m, torch.nn.Linear)][-1]
+    gen = torch.Generator().manual_seed(4)
+    dtype = first.weight.dtype
+    losses = []
+    torch.manual_seed(11)
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, first.in_features, generator=gen, dtype=dtype)
+        target = torch.randn(BATCH, last.out_features, generator=gen, dtype=dtype)
+        losses.append(stepper.step(lambda m, x=x, t=target: sum(
+            (m(x) - t).square().mean() for _ in range(views))))
+    return losses, [p.detach().clone() for p in model.parameters()], updates[0]
+
+
+WIDTHS = [(11, 14, 5), (13, 17, 9, 3), (7, 3), (37, 70, 33)]
+
+
+def _model(widths, dtype):
+    """Two and three Linears, the linear baseline (one Linear), and rows over 4 vectors."""
+    if len(widths) == 2:
+        torch.manual_seed(2)
+        return torch.nn.Sequential(torch.nn.Linear(*widths, dtype=dtype))
+    return random_mlp(widths, seed=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("widths", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_mlp_step_is_the_python_hand_fused_step_bit_for_bit(widths, dtype):
+    """With torch's GEMMs (`gemm="torch"`) the native step runs the Python path's ops."""
+    model = _model(widths, dtype)
+    twin = copy.deepcopy(model)
+    losses, params, updates = _mlp_run(model, native=True)
+    assert updates == STEPS
+    python_losses, python_params, python_updates = _mlp_run(twin, native=False)
+    assert python_updates == 0
+    assert _equal(losses, python_losses)
+    assert _equal(params, python_params)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("case", ["two calls", "dropout", "dropout in eval mode"])
+def test_native_mlp_step_falls_back_where_it_does_not_apply(case):
+    model = random_mlp((11, 14, 5), seed=2, dropout=0.0 if case == "two calls" else 0.3)
+    if case == "dropout in eval mode":
+        model.eval()  # dropout does nothing: the native path applies
+    twin = copy.deepcopy(model)
+    views = 2 if case == "two calls" else 1
+    losses, params, updates = _mlp_run(model, native=True, views=views)
+    python_losses, python_params, _ = _mlp_run(twin, native=False, views=views)
+    assert updates == (STEPS if case == "dropout in eval mode" else 0)
+    assert _equal(losses, python_losses)
+    assert _equal(params, python_params)
+
+
+TOL = {torch.float32: {"rtol": 1e-6, "atol": 1e-6},  # test_protocols.py's rounding
+       torch.float64: {"rtol": 1e-12, "atol": 1e-13}}
+
+
+@pytest.mark.parametrize("widths", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_mlp_step_on_its_own_gemm_is_the_python_step_to_rounding(widths, dtype):
+    """The default `gemm="own"`: the same products summed in another order."""
+    model = _model(widths, dtype)
+    twin = copy.deepcopy(model)
+    losses, params, updates = _mlp_run(model, native=True, gemm="own")
+    assert updates == STEPS
+    python_losses, python_params, _ = _mlp_run(twin, native=False)
+    torch.testing.assert_close(losses, python_losses, **TOL[dtype])
+    torch.testing.assert_close(params, python_params, **TOL[dtype])
+
+
+def _within_rounding(got, want, bound, terms: int) -> bool:
+    """|got - want| <= terms * eps * bound (+ want's own rounding) everywhere: a sum of `terms`
+    products in got's dtype against float64, `bound` the sum of the terms' magnitudes."""
+    eps = torch.finfo(got.dtype).eps
+    return bool(((got.double() - want).abs() <= terms * eps * bound + eps * want.abs()).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 13, 16, 70])
+def test_own_gemm_products_against_float64(batch, dtype):
+    """Each product of glai_ext::mlp_step_forward/update with own_gemm against float64 torch,
+    within the rounding bound of its sums: batches within, at and over one vector, widths off
+    every vector multiple; a bias left out (the known-wrong variant) is outside the bound."""
+    gen = torch.Generator().manual_seed(batch)
+    n0, n1, n2 = 19, 70, 9
+    x = torch.randn(batch, n0, generator=gen, dtype=dtype)
+    ws = [torch.randn(m, n, generator=gen, dtype=dtype) / n ** 0.5
+          for n, m in itertools.pairwise((n0, n1, n2))]
+    bs = [torch.randn(m, generator=gen, dtype=dtype) for m in (n1, n2)]
+    y, h = torch.ops.glai_ext.mlp_step_forward(x, ws, bs, True)
+    x64, h64, dy = x.double(), h.double(), torch.randn(batch, n2, generator=gen, dtype=dtype)
+    w64, b64, dy64 = [w.double() for w in ws], [b.double() for b in bs], dy.double()
+    pre = x64 @ w64[0].t() + b64[0]
+    assert _within_rounding(h, torch.relu(pre), x64.abs() @ w64[0].abs().t() + b64[0].abs(),
+                            n0 + 1)
+    y_bound = h64.abs() @ w64[1].abs().t() + b64[1].abs()
+    assert _within_rounding(y, h64 @ w64[1].t() + b64[1], y_bound, n1 + 1)
+    assert not _within_rounding(y, h64 @ w64[1].t(), y_bound, n1 + 1)
+    grads = [torch.empty_like(t) for pair in zip(ws, bs, strict=True) for t in pair]
+    params = [t.clone() for pair in zip(ws, bs, strict=True) for t in pair]
+    torch.ops.glai_ext.mlp_step_update(dy, x, [h], params[0::2], params[1::2], grads, 0.0,
+                                       0.0, 0.0, True)  # lr 0: the gradients alone
+    gate = (h64 > 0).double()
+    dh64, dh_bound = (dy64 @ w64[1]) * gate, (dy64.abs() @ w64[1].abs()) * gate
+    checks = [(dh64.t() @ x64, dh_bound.t() @ x64.abs(), n2 + batch),
+              (dh64.sum(0), dh_bound.sum(0), n2 + batch),
+              (dy64.t() @ h64, dy64.abs().t() @ h64.abs(), batch),
+              (dy64.sum(0), dy64.abs().sum(0), batch)]
+    for k, (got, (want, bound, terms)) in enumerate(zip(grads, checks, strict=True)):
+        assert _within_rounding(got, want, bound, terms), k
+
+
+def test_native_mlp_step_ops_name_bad_arguments():
+    x, w = torch.randn(4, 3), torch.randn(5, 3)
+    with pytest.raises(RuntimeError, match="weights and biases must be one per Linear"):
+        torch.ops.glai_ext.mlp_step_forward(x, [w], [], False)
+    with pytest.raises(RuntimeError, match=r"weights\[1\] must be \[n, 5\]"):
+        torch.ops.glai_ext.mlp_step_forward(x, [w, torch.randn(2, 4)],
+                                            [torch.zeros(5), torch.zeros(2)], True)
+    with pytest.raises(RuntimeError, match="grads 2"):
+        torch.ops.glai_ext.mlp_step_update(torch.randn(4, 5), x, [], [w], [torch.zeros(5)],
+                                           [], 0.1, 0.0, 0.0, True)
+    with pytest.raises(RuntimeError, match="x must be a contiguous"):
+        torch.ops.glai_ext.mlp_step_forward(x.t().contiguous().t(), [w], [torch.zeros(5)], True)
+    model = _model((3, 4, 2), torch.float32)
+    with pytest.raises(ValueError, match="gemm must be 'own' or 'torch'"):
+        HandFusedMLPStep(model, torch.optim.SGD(model.parameters(), lr=0.1), gemm="mkl")
+
+
+def test_own_gemm_gives_the_same_bits_on_any_thread_count():
+    """The own GEMM splits rows over torch's threads; each row's sums keep their order."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(21, 300, generator=gen)
+    ws = [torch.randn(257, 300, generator=gen), torch.randn(31, 257, generator=gen)]
+    bs = [torch.randn(257, generator=gen), torch.randn(31, generator=gen)]
+    previous, results = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y, h = torch.ops.glai_ext.mlp_step_forward(x, ws, bs, True)
+            grads = [torch.empty_like(t) for pair in zip(ws, bs, strict=True) for t in pair]
+            params = [t.clone() for pair in zip(ws, bs, strict=True) for t in pair]
+            torch.ops.glai_ext.mlp_step_update(torch.ones_like(y), x, [h], params[0::2],
+                                               params[1::2], grads, 0.1, 0.01, 0.0, True)
+            results.append([y, h, *grads, *params])
+    finally:
+        torch.set_num_threads(previous)
+    assert _equal(results[0], results[1])

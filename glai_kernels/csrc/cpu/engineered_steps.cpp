@@ -1,0 +1,431 @@
+// The engineered protocol's training steps, both sides alike, each as two extension calls: one
+// for the model's forward, one for its backward and the optimizer's update (issue 41;
+// /work/shared/SPEC.md §6: "both with the fastest step this project can build"). The loss stays
+// in Python (any loss, autograd over it alone, to the model's output y); what the two calls
+// replace is the Python and the op dispatches around the same kernels:
+//
+//   GLAI (glai_kernels/glai/fused_step.py, FusedSparseStep's `native` path):
+//     glai_ext::sparse_step_forward(x [B, n0], weight_t [n0, P'], sel_bias [P']?, paths,
+//         values [K], index, bias [O]?) -> (y [B, O], x_aug [B, n0 + 1], act [B, P])
+//       act = the selector's 0/1 gates (glai_ext::linear with `gates`, its columns zero padded
+//       to whole tiles, the first `paths` kept), x_aug = x with a column of ones,
+//       y = glai_ext::sparse_forward(x_aug, act, values, index) + bias
+//     glai_ext::sparse_step_update(dy [B, O], x_aug, act, values!, index, exp_avg!, exp_avg_sq!,
+//         step!, bias!?, bias_exp_avg!?, bias_exp_avg_sq!?, bias_step!?, lr, beta1, beta2,
+//         weight_decay, eps, decoupled) -> ()
+//       each step count += 1 (torch.optim's 0-d float32 state["step"]), then
+//       glai_ext::sparse_dvalues_adam on the values and glai_ext::bias_adam on the bias
+//   MLP (glai_kernels/glai/mlp_step.py, HandFusedMLPStep's `native` path), a chain
+//   Linear (ReLU Linear)* with biases:
+//     glai_ext::mlp_step_forward(x [B, n0], weights [n_{l+1}, n_l], biases [n_{l+1}],
+//         own_gemm)
+//         -> [y [B, n_L], h_1 [B, n_1], ..., h_{L-1}]   h_l = relu(h_{l-1} W_l^T + b_l)
+//     glai_ext::mlp_step_update(dy [B, n_L], x, hidden, weights!, biases!, grads!, lr,
+//         weight_decay, dampening, own_gemm) -> ()
+//       dW_l = dy_l^T h_l and db_l = sum_b dy_l into the preallocated `grads` (W_0, b_0, W_1,
+//       ...), dy_{l-1} = threshold_backward(dy_l W_l, h_l, 0), then torch's own _fused_sgd_
+//       (momentum 0) over the parameters
+//
+// Every call is the op the Python step calls, in the same order on the same tensors (at::addmm,
+// at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
+// F.linear, torch.relu, mm, sum and torch.optim's fused SGD run): the results are the Python
+// steps' bit for bit (correctness/test_engineered_steps.py). With `own_gemm` the MLP's three
+// products per Linear (x W^T, dy^T h, dy W) run instead on the step's own GEMM (mlp_gemm.inc,
+// the batch along the vector lanes, W read as nn.Linear stores it), as GLAI's selector runs on
+// the extension's glai_ext::linear rather than torch's MKL GEMM (≈ 2.4x slower at the paper's
+// B = 16 on the AMD CPUs measured; docs/notes/pipeline.md, "The engineered steps, both sides
+// (issue 41, stop 46)"): the same arithmetic summed in another order, equal to rounding. The
+// callers check the arguments and take these paths only where they apply (no dropout in
+// training, one model call per loss, fused optimizers, float32/float64 on CPU); the kernels
+// called check again what they read.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "isa.h"      // the ISA ladder (GLAI_X86, GLAI_ISA_BEGIN/END)
+#include "kernels.h"  // glai_cpu::isa(): the instruction set the extension's kernels use
+
+// The MLP step's own GEMMs (mlp_gemm.inc), once per instruction set as cpu_dispatch.cpp
+// compiles kernels.inc, chosen with the extension's other kernels (glai_cpu::isa()).
+#if GLAI_X86
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
+namespace glai_cpu::mlp_avx512 {
+#define VBYTES 64
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_avx512
+GLAI_ISA_END()
+GLAI_ISA_BEGIN(GLAI_TARGET_AVX2)
+namespace glai_cpu::mlp_avx2 {
+#define VBYTES 32
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_avx2
+GLAI_ISA_END()
+#endif  // GLAI_X86
+namespace glai_cpu::mlp_portable {
+#define VBYTES 16
+#include "mlp_gemm.inc"
+#undef VBYTES
+}  // namespace glai_cpu::mlp_portable
+
+namespace glai_ext {
+namespace {
+
+at::Tensor call_linear(const at::Tensor& x, const at::Tensor& weight_t,
+                       const std::optional<at::Tensor>& bias, bool gates) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::linear", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, bool)>();
+  return op.call(x, weight_t, bias, gates);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_sparse_forward(const at::Tensor& x, const at::Tensor& act,
+                                                       const at::Tensor& values,
+                                                       at::TensorList index) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, at::TensorList, bool)>();
+  return op.call(x, act, values, index, false);
+}
+
+void call_dvalues_adam(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
+                       at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
+                       at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                       double weight_decay, double eps, double step, bool decoupled) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_dvalues_adam", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                      at::TensorList, at::Tensor&, at::Tensor&, double, double, double, double,
+                      double, double, bool)>();
+  op.call(dy, x, act, values, index, exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps,
+          step, decoupled);
+}
+
+void call_bias_adam(const at::Tensor& dy, at::Tensor& bias, at::Tensor& exp_avg,
+                    at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
+                    double weight_decay, double eps, double step, bool decoupled) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::bias_adam", "")
+          .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, double, double,
+                      double, double, double, double, bool)>();
+  op.call(dy, bias, exp_avg, exp_avg_sq, lr, beta1, beta2, weight_decay, eps, step, decoupled);
+}
+
+// torch.optim's step count: a 0-d float32 tensor advanced by one before the update, read as
+// the float the update's scalars are computed from (FusedSparseStep._kernel_update_args). The
+// float addition is add_(1)'s (one exact IEEE add), without its two op dispatches (≈ 1 µs each)
+double advance(at::Tensor& step) {
+  TORCH_CHECK(step.dim() == 0 && step.scalar_type() == at::kFloat && step.is_cpu(),
+              "glai_ext::sparse_step_update: a step count must be a 0-d float32 CPU tensor, "
+              "got ", step.scalar_type(), " ", step.sizes(), " on ", step.device());
+  float* count = step.mutable_data_ptr<float>();
+  *count += 1.0f;
+  return static_cast<double>(*count);
+}
+
+// The forward's small copies as plain loops (each an op dispatch of ≈ 1 µs otherwise, three of
+// them around the kernels): x_aug = [x, 1], act = the gates' first `paths` columns, y += bias.
+// Each element is copied, or added once in IEEE arithmetic: F.pad's, narrow().contiguous()'s
+// and y + bias's bits.
+template <class T>
+void augment_rows(const at::Tensor& x, at::Tensor& x_aug, const at::Tensor& gates,
+                  at::Tensor& act) {
+  const int64_t batch = x.size(0), inputs = x.size(1);
+  const T* xs = x.const_data_ptr<T>();
+  T* xa = x_aug.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(xs + b * inputs, xs + (b + 1) * inputs, xa + b * (inputs + 1));
+    xa[b * (inputs + 1) + inputs] = T(1);
+  }
+  if (act.is_same(gates)) return;
+  const int64_t width = gates.size(1), paths = act.size(1);
+  const T* g = gates.const_data_ptr<T>();
+  T* a = act.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy(g + b * width, g + b * width + paths, a + b * paths);
+}
+
+template <class T>
+void add_bias(at::Tensor& y, const at::Tensor& bias) {
+  const int64_t batch = y.size(0), outputs = y.size(1);
+  const T* bv = bias.const_data_ptr<T>();
+  T* yv = y.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t o = 0; o < outputs; ++o) yv[b * outputs + o] += bv[o];
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
+    const at::Tensor& x, const at::Tensor& weight_t, const std::optional<at::Tensor>& sel_bias,
+    int64_t paths, const at::Tensor& values, at::TensorList index,
+    const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "glai_ext::sparse_step_forward: x must be [B, n0], got ",
+              x.sizes());
+  const at::Tensor gates = call_linear(x, weight_t, sel_bias, true);  // checks x's dtype
+  TORCH_CHECK(paths >= 0 && paths <= gates.size(1), "glai_ext::sparse_step_forward: paths "
+              "must be in [0, ", gates.size(1), "], got ", paths);
+  const at::Tensor rows = x.contiguous();
+  const bool dbl = x.scalar_type() == at::kDouble;
+  at::Tensor x_aug = at::empty({x.size(0), x.size(1) + 1}, x.options());
+  at::Tensor act = gates.size(1) == paths ? gates : at::empty({x.size(0), paths}, x.options());
+  if (dbl)
+    augment_rows<double>(rows, x_aug, gates, act);
+  else
+    augment_rows<float>(rows, x_aug, gates, act);
+  at::Tensor y = std::get<0>(call_sparse_forward(x_aug, act, values, index));
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) &&
+                    bias->scalar_type() == y.scalar_type() && bias->is_contiguous() &&
+                    y.is_contiguous(),
+                "glai_ext::sparse_step_forward: bias must be a contiguous [", y.size(1),
+                "] tensor of y's dtype, got ", bias->scalar_type(), " ", bias->sizes());
+    if (dbl)
+      add_bias<double>(y, *bias);
+    else
+      add_bias<float>(y, *bias);
+  }
+  return {y, x_aug, act};
+}
+
+void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at::Tensor& act,
+                        at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
+                        at::Tensor& exp_avg_sq, at::Tensor& step,
+                        const std::optional<at::Tensor>& bias,
+                        const std::optional<at::Tensor>& bias_exp_avg,
+                        const std::optional<at::Tensor>& bias_exp_avg_sq,
+                        const std::optional<at::Tensor>& bias_step, double lr, double beta1,
+                        double beta2, double weight_decay, double eps, bool decoupled) {
+  const bool with_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!with_bias || (bias_exp_avg.has_value() && bias_exp_avg_sq.has_value() &&
+                             bias_step.has_value()),
+              "glai_ext::sparse_step_update: a bias needs its exp_avg, exp_avg_sq and step");
+  const at::Tensor rows = dy.contiguous();
+  call_dvalues_adam(rows, x_aug, act, values, index, exp_avg, exp_avg_sq, lr, beta1, beta2,
+                    weight_decay, eps, advance(step), decoupled);
+  if (!with_bias) return;
+  at::Tensor b = *bias, m = *bias_exp_avg, v = *bias_exp_avg_sq, s = *bias_step;
+  call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
+}
+
+template <class T>
+using GemmFn = void (*)(const T*, int64_t, int64_t, const T*, int64_t, int64_t, T*, int64_t,
+                        int64_t, int64_t, int64_t);
+
+template <class T>
+GemmFn<T> pick_gemm() {
+  const char* isa = glai_cpu::isa();
+  constexpr bool f = std::is_same_v<T, float>;
+#if GLAI_X86
+  if (std::strcmp(isa, "avx512") == 0)
+    return f ? GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_f)
+             : GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_d);
+  if (std::strcmp(isa, "avx2") == 0)
+    return f ? GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_f)
+             : GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_d);
+#endif
+  (void)isa;
+  return f ? GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_f)
+           : GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_d);
+}
+
+// out rows [0, rows) of mlp_gemm.inc's form, split over torch's threads by rows (each row's
+// sums are the same for any split), small products on one thread
+template <class T>
+void gemm_rows(const T* A, int64_t sr, int64_t sk, const T* M, int64_t ldm, int64_t K, T* out,
+               int64_t ldo, int64_t len, int64_t rows) {
+  const GemmFn<T> fn = pick_gemm<T>();
+  const int64_t per_row = std::max<int64_t>(1, K * len);
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / per_row);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    fn(A, sr, sk, M, ldm, K, out, ldo, len, begin, end);
+  });
+}
+
+constexpr int64_t kBatchPad = 16;  // x^T's rows padded to whole vectors of any ISA's float
+
+// y [B, N] = h [B, I] W^T + b (and its ReLU when `relu`), by the step's own GEMM: h^T padded
+// to whole vectors, y^T = W h^T with the batch along the lanes, then y = y^T^T + b
+template <class T>
+at::Tensor own_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                      bool relu) {
+  const int64_t batch = h.size(0), inputs = h.size(1), n = weight.size(0);
+  const int64_t ld = (batch + kBatchPad - 1) / kBatchPad * kBatchPad;
+  at::Tensor ht = at::zeros({inputs, ld}, h.options());
+  at::Tensor yt = at::empty({n, ld}, h.options());
+  at::Tensor y = at::empty({batch, n}, h.options());
+  const T* hp = h.const_data_ptr<T>();
+  T* htp = ht.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < inputs; ++i) htp[i * ld + b] = hp[b * inputs + i];
+  gemm_rows<T>(weight.const_data_ptr<T>(), inputs, 1, htp, ld, inputs, yt.mutable_data_ptr<T>(),
+               ld, ld, n);
+  const T* ytp = yt.const_data_ptr<T>();
+  const T* bp = bias.const_data_ptr<T>();
+  T* yp = y.mutable_data_ptr<T>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t o = 0; o < n; ++o) {
+      const T v = ytp[o * ld + b] + bp[o];
+      yp[b * n + o] = relu && v <= T(0) ? T(0) : v;  // torch.relu's: NaN stays NaN
+    }
+  return y;
+}
+
+void check_chain(const char* who, at::TensorList weights, at::TensorList biases) {
+  TORCH_CHECK(!weights.empty() && weights.size() == biases.size(), who,
+              ": weights and biases must be one per Linear (at least one), got ",
+              weights.size(), " and ", biases.size());
+  for (size_t l = 1; l < weights.size(); ++l)
+    TORCH_CHECK(weights[l].dim() == 2 && weights[l].size(1) == weights[l - 1].size(0), who,
+                ": weights[", l, "] must be [n, ", weights[l - 1].size(0), "], got ",
+                weights[l].sizes());
+}
+
+// What the step's own GEMMs read as raw rows: contiguous float32/float64 CPU tensors of x's
+// dtype (the caller's hidden outputs are the forward's own, contiguous)
+void check_own(const char* who, const at::Tensor& x, at::TensorList weights,
+               at::TensorList biases) {
+  const auto t = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_cpu() && x.is_contiguous() &&
+                  (t == at::kFloat || t == at::kDouble) && x.size(1) == weights[0].size(1),
+              who, ": x must be a contiguous [B, ", weights[0].size(1),
+              "] float32/float64 CPU tensor for own_gemm, got ", t, " ", x.sizes());
+  for (size_t l = 0; l < weights.size(); ++l)
+    TORCH_CHECK(weights[l].is_contiguous() && biases[l].is_contiguous() &&
+                    weights[l].scalar_type() == t && biases[l].scalar_type() == t &&
+                    weights[l].is_cpu() && biases[l].dim() == 1 &&
+                    biases[l].size(0) == weights[l].size(0),
+                who, ": weights[", l, "] and biases[", l, "] must be contiguous CPU tensors of "
+                "x's dtype, bias [", weights[l].size(0), "]");
+}
+
+std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList weights,
+                                         at::TensorList biases, bool own_gemm) {
+  check_chain("glai_ext::mlp_step_forward", weights, biases);
+  std::vector<at::Tensor> out(1);
+  at::Tensor h = x;
+  const size_t last = weights.size() - 1;
+  if (own_gemm) check_own("glai_ext::mlp_step_forward", x, weights, biases);
+  for (size_t l = 0; l <= last; ++l) {
+    if (own_gemm) {
+      const at::Tensor& w = weights[l];
+      h = x.scalar_type() == at::kDouble ? own_linear<double>(h, w, biases[l], l < last)
+                                         : own_linear<float>(h, w, biases[l], l < last);
+      if (l == last)
+        out[0] = h;
+      else
+        out.push_back(h);
+      continue;
+    }
+    at::Tensor pre = at::addmm(biases[l], h, weights[l].t());  // F.linear's call on 2-D input
+    if (l == last) {
+      out[0] = pre;
+      break;
+    }
+    h = at::relu(pre);
+    out.push_back(h);
+  }
+  return out;
+}
+
+// The backward of one Linear by the step's own GEMMs: dW = dy^T input into gw, and, when
+// `dh` is defined, dh = (dy W) where input > 0 (threshold_backward's: 0 where input <= 0)
+template <class T>
+void own_backward(const at::Tensor& dy, const at::Tensor& input, const at::Tensor& weight,
+                  at::Tensor& gw, at::Tensor* dh) {
+  const int64_t batch = dy.size(0), n = dy.size(1), inputs = input.size(1);
+  const T* d = dy.const_data_ptr<T>();
+  gemm_rows<T>(d, 1, n, input.const_data_ptr<T>(), inputs, batch, gw.mutable_data_ptr<T>(),
+               inputs, inputs, n);
+  if (dh == nullptr) return;
+  *dh = at::empty({batch, inputs}, dy.options());
+  T* p = dh->mutable_data_ptr<T>();
+  gemm_rows<T>(d, n, 1, weight.const_data_ptr<T>(), inputs, n, p, inputs, inputs, batch);
+  const T* h = input.const_data_ptr<T>();
+  for (int64_t e = 0; e < batch * inputs; ++e)
+    if (h[e] <= T(0)) p[e] = T(0);
+}
+
+void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
+                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                     double lr, double weight_decay, double dampening, bool own_gemm) {
+  constexpr const char* who = "glai_ext::mlp_step_update";
+  check_chain(who, weights, biases);
+  const size_t layers = weights.size();
+  TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
+              ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
+              hidden.size(), " and ", grads.size());
+  if (own_gemm) check_own(who, x, weights, biases);
+  at::Tensor dy = own_gemm ? dy_in.contiguous() : dy_in;
+  for (size_t l = layers; l-- > 0;) {
+    const at::Tensor& input = l == 0 ? x : hidden[l - 1];
+    at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
+    if (own_gemm) {
+      TORCH_CHECK(gw.is_contiguous() && gw.sizes() == weights[l].sizes() &&
+                      gw.scalar_type() == x.scalar_type(),
+                  who, ": grads[", 2 * l, "] must be a contiguous tensor like weights[", l, "]");
+      at::Tensor dh;
+      const bool dbl = x.scalar_type() == at::kDouble;
+      if (dbl)
+        own_backward<double>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
+      else
+        own_backward<float>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
+      at::sum_out(gb, dy, at::IntArrayRef{0});
+      if (l > 0) dy = dh;
+      continue;
+    }
+    at::mm_out(gw, dy.t(), input);
+    at::sum_out(gb, dy, at::IntArrayRef{0});
+    if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
+  }
+  std::vector<at::Tensor> params, gradients;
+  for (size_t l = 0; l < layers; ++l) {
+    params.push_back(weights[l]);
+    params.push_back(biases[l]);
+    gradients.push_back(grads[2 * l]);
+    gradients.push_back(grads[2 * l + 1]);
+  }
+  at::_fused_sgd_(params, gradients, {}, weight_decay, 0.0, lr, dampening, false, false, false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
+  m.def(
+      "sparse_step_forward(Tensor x, Tensor weight_t, Tensor? sel_bias, int paths, "
+      "Tensor values, Tensor[] index, Tensor? bias) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "sparse_step_update(Tensor dy, Tensor x_aug, Tensor act, Tensor(a!) values, "
+      "Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
+      "Tensor(e!)? bias, Tensor(f!)? bias_exp_avg, Tensor(g!)? bias_exp_avg_sq, "
+      "Tensor(h!)? bias_step, float lr, float beta1, float beta2, float weight_decay, "
+      "float eps, bool decoupled) -> ()");
+  m.def(
+      "mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases, bool own_gemm) "
+      "-> Tensor[]");
+  m.def(
+      "mlp_step_update(Tensor dy, Tensor x, Tensor[] hidden, Tensor(a!)[] weights, "
+      "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
+      "float dampening, bool own_gemm) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
+  m.impl("sparse_step_forward", &sparse_step_forward);
+  m.impl("sparse_step_update", &sparse_step_update);
+  m.impl("mlp_step_forward", &mlp_step_forward);
+  m.impl("mlp_step_update", &mlp_step_update);
+}
+
+}  // namespace glai_ext
