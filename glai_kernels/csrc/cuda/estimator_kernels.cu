@@ -19,10 +19,10 @@
 //     accumulation forbids that), so each row m of float16's formed operand is scaled, in
 //     float, by the power of two that puts its bound (the product of its two factors' largest
 //     magnitudes, e.g. max|x[b,:]| max|act[b,:]|) in [2^14, 2^15), and its outputs are
-//     unscaled exactly in the epilogue (FormedRowScale below; the error bound: docs/notes/
-//     cuda.md, "float16 on tensor cores (issue 38, stop 46)"). dweight's formed operand is
-//     wmma's B, whose rows (k = b) no per-output factor can unscale: float16 dweight stays on
-//     CUDA cores. bfloat16 has float's range.
+//     unscaled exactly in the epilogue (RowScaled and row_scale_for below; the error bound:
+//     docs/notes/cuda.md, "float16 on tensor cores (issue 38, stop 46)"). dweight's formed
+//     operand is wmma's B, whose rows (k = b) no per-output factor can unscale: float16
+//     dweight stays on CUDA cores. bfloat16 has float's range.
 //   - simt_gemm: the rest (float64, float16 dweight, float32 without TF32, the half types
 //     below sm_80): 64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the
 //     accumulation type.
