@@ -26,9 +26,12 @@ struct col_major {
 };
 enum layout_t { mem_row_major, mem_col_major };
 
+// m16n16k16 for every element type the kernels use (__half and __nv_bfloat16 operands, float
+// accumulators); each element is held as the float it converts to exactly
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "the emulation covers m16n16k16");
+  static constexpr int num_elements = 16 * 16;
   float x[16 * 16];
 };
 
@@ -43,8 +46,9 @@ void check_layout(const T* p, unsigned ldm) {
     glai_emulation::sticky_error = cudaErrorMisalignedAddress;
 }
 
-template <typename Use, typename T, typename Layout>
-void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float v) {
+// any fragment, m16n16k16 or TF32's m16n16k8 (mma_tf32.h)
+template <typename Use, int K, typename T, typename Layout>
+void fill_fragment(fragment<Use, 16, 16, K, T, Layout>& f, float v) {
   for (float& e : f.x) e = v;
 }
 
@@ -72,8 +76,10 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 
 // Every lane holds the same tile; lane 0 writes it (the kernel synchronises before reading).
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t layout) {
+// K: 16, or TF32's 8 (mma_tf32.h); the accumulator is 16 x 16 either way.
+template <int K>
+void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, K, float>& f, unsigned ldm,
+                       layout_t layout) {
   check_layout(p, ldm);
   if (threadIdx.x % 32 != 0) return;
   for (int r = 0; r < 16; ++r)

@@ -7,6 +7,7 @@
 // that was not converted first is not specified, and this emulation truncates it (drops the
 // low 13 bits), so a kernel that forgets the conversion gets a visibly different result.
 // Products of two TF32 values are exact in float (11-bit significands); the sums are float.
+// fill_fragment and store_matrix_sync are mma.h's, which take either k.
 #pragma once
 
 #include <cstdint>
@@ -66,10 +67,6 @@ void load_matrix_sync(fragment<matrix_b, 16, 16, 8, precision::tf32, Layout>& f,
       f.x[k * 16 + n] = Layout::is_col ? p[n * ldm + k] : p[k * ldm + n];
 }
 
-inline void fill_fragment(tf32_accumulator& f, float v) {
-  for (float& e : f.x) e = v;
-}
-
 template <typename LA, typename LB>
 void mma_sync(tf32_accumulator& d, const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
               const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
@@ -83,15 +80,6 @@ void mma_sync(tf32_accumulator& d, const fragment<matrix_a, 16, 16, 8, precision
       out[r * 16 + n] = sum;
     }
   for (int i = 0; i < 256; ++i) d.x[i] = out[i];
-}
-
-inline void store_matrix_sync(float* p, const tf32_accumulator& f, unsigned ldm,
-                              layout_t layout) {
-  check_layout(p, ldm);
-  if (threadIdx.x % 32 != 0) return;
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c)
-      (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
 }
 
 }  // namespace nvcuda::wmma

@@ -12,13 +12,20 @@
 //     3-stage shared-memory ring (async_copy.cuh; plain loads below sm_80 or where the
 //     weight's rows are not 16-byte runs).
 //   - wmma_gemm: tensor cores with float accumulators, the same 3-stage ring: bfloat16
-//     (m16n16k16) and float32 through TF32 (m16n16k8, each operand rounded by
-//     __float_to_tf32) when the problem allows TF32. Not float16: wmma takes the formed
-//     operand (a product of two inputs) rounded to the input type, and a float16 product
+//     (m16n16k16), float32 through TF32 (m16n16k8, each operand rounded by __float_to_tf32)
+//     when the problem allows TF32, and float16 (m16n16k16) for y, dx and dact. wmma takes the
+//     formed operand (a product of two inputs) rounded to the input type; a float16 product
 //     overflows past 65504 where the exact result need not (the contract's float32
-//     accumulation forbids it); bfloat16 has float's range.
-//   - simt_gemm: the rest (float64, float16, float32 without TF32, bfloat16 below sm_80):
-//     64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the accumulation type.
+//     accumulation forbids that), so each row m of float16's formed operand is scaled, in
+//     float, by the power of two that puts its bound (the product of its two factors' largest
+//     magnitudes, e.g. max|x[b,:]| max|act[b,:]|) in [2^14, 2^15), and its outputs are
+//     unscaled exactly in the epilogue (RowScaled and row_scale_for below; the error bound:
+//     docs/notes/cuda.md, "float16 on tensor cores (issue 38, stop 46)"). dweight's formed
+//     operand is wmma's B, whose rows (k = b) no per-output factor can unscale: float16
+//     dweight stays on CUDA cores. bfloat16 has float's range.
+//   - simt_gemm: the rest (float64, float16 dweight, float32 without TF32, the half types
+//     below sm_80): 64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the
+//     accumulation type.
 // Split-K: blockIdx.z takes a range of k tiles and writes partial sums to a workspace
 // [splits, M, N]; reduce_splits adds them in split order (deterministic, no atomics).
 // Indexing is int64 throughout; every launch is checked.
@@ -26,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <cmath>
 #include <type_traits>
 
 #include "async_copy.cuh"
@@ -56,13 +64,18 @@ __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 
 using glai_cuda_num::Num;  // storage type -> accumulation type and conversions
 
 // The lowest architecture whose wmma this file uses for T (1 << 30: never on tensor cores;
-// float16 for the overflow above; float32 through TF32, only where the problem allows it).
+// float32 through TF32, only where the problem allows it; float16 for y, dx and dact only,
+// use_tensor_cores). 800 for both half types: the 3-stage cp.async ring is sm_80's.
 template <typename T>
 struct TensorCoreArch {
   static constexpr int value = 1 << 30;
 };
 template <>
 struct TensorCoreArch<__nv_bfloat16> {
+  static constexpr int value = 800;
+};
+template <>
+struct TensorCoreArch<__half> {
   static constexpr int value = 800;
 };
 template <>
@@ -451,7 +464,7 @@ __global__ void __launch_bounds__(kChainThreads, kChainBlocksPerSm)
   }
 }
 
-// ---- tensor-core kernel (bfloat16; float32 through TF32) -----------------------------------
+// ---- tensor-core kernel (bfloat16, float16; float32 through TF32) --------------------------
 
 constexpr int kTcBM = 64, kTcBN = 64, kTcThreads = 128;
 // Per type: k per tile, the wmma shape's k, the row padding (16 bytes: wmma's ldm rule, and
@@ -479,14 +492,95 @@ struct TcShape<float> {
   }
 };
 #endif
+template <>
+struct TcShape<__half> {  // the formed operand scaled by its row's power of two first
+  static constexpr int BK = 32, FK = 16, kPad = 8;
+  using Frag = __half;
+  template <class F>
+  __device__ static void round(F&) {}
+};
 int tc_bk(glai_dtype dtype) { return dtype == GLAI_FLOAT32 ? 16 : 32; }
+
+// ---- float16's row scaling (the header comment; docs/notes/cuda.md, "float16 on tensor cores
+// (issue 38, stop 46)") -------------------------------------------------------------------
+
+// Whether wmma_gemm takes T's Op: all but float16's dweight, whose formed operand is wmma's B
+// (rows k = b: a row's factor would have to be undone inside the sum, not after it).
+template <typename T, class Op>
+constexpr bool kTcTakes = !(std::is_same_v<T, __half> && !Op::kBRaw);
+template <typename T>
+constexpr bool kRowScaled = std::is_same_v<T, __half>;
+
+template <typename T>
+__device__ float max_abs(const T* row, int64_t n) {  // NaN is passed over: it stays a NaN
+  float most = 0.0f;
+  for (int64_t e = 0; e < n; ++e) {
+    const float v = Num<T>::in(row[e]);
+    const float a = v < 0.0f ? -v : v;
+    most = a > most ? a : most;
+  }
+  return most;
+}
+
+// FormedFactors<Op>::bound(op, m, f): the largest magnitude of factor f (0 or 1) of row m of
+// A, whose elements are products of one element of each (y: x[b,:] and act[b,:]).
+template <class Op>
+struct FormedFactors;
+template <typename T>
+struct FormedFactors<YOp<T>> {
+  __device__ static float bound(const YOp<T>& op, int64_t m, int f) {
+    const Operands<T>& d = op.d;
+    return f == 0 ? max_abs(d.x + m * d.I, d.I) : max_abs(d.act + m * d.P, d.P);
+  }
+};
+template <typename T>
+struct FormedFactors<DxOp<T>> {
+  __device__ static float bound(const DxOp<T>& op, int64_t m, int f) {
+    const Operands<T>& d = op.d;
+    return f == 0 ? max_abs(d.dy + m * d.O, d.O) : max_abs(d.act + m * d.P, d.P);
+  }
+};
+template <typename T>
+struct FormedFactors<DactOp<T>> {
+  __device__ static float bound(const DactOp<T>& op, int64_t m, int f) {
+    const Operands<T>& d = op.d;
+    return f == 0 ? max_abs(d.dy + m * d.O, d.O) : max_abs(d.x + m * d.I, d.I);
+  }
+};
+
+// The power of two that puts a row's bound in [2^14, 2^15): every element of the scaled row
+// is then at most 2^15 < 65504 (no overflow however it rounds) and the largest keep float16's
+// 11 bits. 1 for a row of zeros, or an infinite or NaN bound (those propagate as they are).
+__device__ inline float row_scale_for(float bound) {
+#ifdef GLAI_PLANT_FP16_UNSCALED  // a planted bug: correctness/test_cuda_fp16_tc_emulated.py
+  (void)bound;
+  return 1.0f;
+#else
+  if (!(bound > 0.0f) || !(bound <= 3.4028235e38f)) return 1.0f;
+  int e = 0;
+  frexpf(bound, &e);  // bound = f 2^e, f in [0.5, 1): bound 2^(15 - e) in [2^14, 2^15)
+  return ldexpf(1.0f, 15 - e);  // 2^-18 (a bound of 2^32) to 2^62 (2^-48): a float
+#endif
+}
+
+// An Op whose formed A is scaled by its row's power of two (scale[m - m0], in shared memory),
+// in float before stage_tile rounds it to T: a power of two is exact, so the tile holds each
+// element rounded once, as it would be unscaled, unless it would have over- or underflowed.
+template <class Op>
+struct RowScaled : Op {
+  const float* scale;
+  int64_t m0;
+  __device__ typename Op::acc a(int64_t m, int64_t k, Idx ki) const {
+    return Op::a(m, k, ki) * scale[m - m0];
+  }
+};
 
 template <typename T, class Op>
 __global__ void __launch_bounds__(kTcThreads, 4)
     wmma_gemm(Op op, T* __restrict__ out, float* __restrict__ workspace,
               int64_t tiles_per_split, bool vector_b) {
-  // The host launches this only where wmma takes T; other architectures compile an empty body.
-  if constexpr (GLAI_ARCH >= TensorCoreArch<T>::value) {
+  // The host launches this only where wmma takes T and Op; elsewhere an empty body.
+  if constexpr (GLAI_ARCH >= TensorCoreArch<T>::value && kTcTakes<T, Op>) {
     namespace wmma = nvcuda::wmma;
     using Shape = TcShape<T>;
     using Frag = typename Shape::Frag;
@@ -501,6 +595,7 @@ __global__ void __launch_bounds__(kTcThreads, 4)
     __shared__ __align__(128) unsigned char smem[kRingBytes > kOutBytes ? kRingBytes : kOutBytes];
     __shared__ Idx k_index[2][BK];
     __shared__ Idx n_index[BN];
+    __shared__ float row_scale[2][BM];  // float16: each row's power of two, and its inverse
     auto a_stage = [&](int s) { return reinterpret_cast<T*>(smem + s * (kABytes + kBBytes)); };
     auto b_stage = [&](int s) {
       return reinterpret_cast<T*>(smem + s * (kABytes + kBBytes) + kABytes);
@@ -517,6 +612,17 @@ __global__ void __launch_bounds__(kTcThreads, 4)
     const int64_t t_end =
         t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
     if (tid < BN) n_index[tid] = split(n0 + tid, op.n_div());
+    if constexpr (kRowScaled<T>) {
+      static_assert(kTcThreads == 2 * BM, "one thread for each factor of each row");
+      const int r = tid % BM, f = tid / BM;
+      row_scale[f][r] = m0 + r < M ? FormedFactors<Op>::bound(op, m0 + r, f) : 0.0f;
+      __syncthreads();
+      if (tid < BM) {  // only thread r reads and writes row r's pair until run_pipeline's barrier
+        const float scale = row_scale_for(row_scale[0][r] * row_scale[1][r]);
+        row_scale[0][r] = scale;
+        row_scale[1][r] = 1.0f / scale;  // exact: a power of two
+      }
+    }
 
     wmma::fragment<wmma::accumulator, 16, 16, FK, float> c[2][2];
 #pragma unroll
@@ -525,8 +631,14 @@ __global__ void __launch_bounds__(kTcThreads, 4)
       for (int j = 0; j < 2; ++j) wmma::fill_fragment(c[i][j], 0.0f);
 
     auto issue = [&](int64_t t, int s, const Idx* table) {
-      stage_tile<BM, BN, BK, LDA, LDB, kTcThreads>(op, a_stage(s), b_stage(s), table, n_index,
-                                                   m0, n0, t * BK, vector_b);
+      if constexpr (kRowScaled<T>) {
+        const RowScaled<Op> scaled{op, row_scale[0], m0};
+        stage_tile<BM, BN, BK, LDA, LDB, kTcThreads>(scaled, a_stage(s), b_stage(s), table,
+                                                     n_index, m0, n0, t * BK, vector_b);
+      } else {
+        stage_tile<BM, BN, BK, LDA, LDB, kTcThreads>(op, a_stage(s), b_stage(s), table, n_index,
+                                                     m0, n0, t * BK, vector_b);
+      }
     };
     auto compute = [&](int s) {
       const T* a_s = a_stage(s);
@@ -567,7 +679,8 @@ __global__ void __launch_bounds__(kTcThreads, 4)
       const int mm = e / BN, nn = e % BN;
       const int64_t m = m0 + mm, n = n0 + nn;
       if (m >= M || n >= N) continue;
-      const float v = c_tile[mm * LDC + nn];
+      float v = c_tile[mm * LDC + nn];
+      if constexpr (kRowScaled<T>) v *= row_scale[1][mm];  // exact, before any rounding
       if (workspace != nullptr) {
         workspace[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = v;
       } else {
@@ -600,10 +713,11 @@ Operands<T> operands(const glai_problem& p) {
           p.batch, p.inputs, p.paths, p.outputs};
 }
 
-// Whether wmma_gemm runs T here: an architecture whose wmma takes T, and for float32 a problem
-// that allows TF32.
-template <typename T>
+// Whether wmma_gemm runs T's Op here: an architecture whose wmma takes T, for float32 a
+// problem that allows TF32, for float16 not dweight (kTcTakes).
+template <typename T, class Op>
 bool use_tensor_cores(const glai_problem& p) {
+  if (!kTcTakes<T, Op>) return false;
   if (std::is_same_v<T, float> && p.allow_tf32 == 0) return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -639,7 +753,7 @@ cudaError_t launch_typed(const glai_problem& p, glai_product product, int splits
   enum { kChain, kTensorCores, kSimt } kernel = kSimt;
   if (Op::kBRaw && use_chains(product, M)) {
     kernel = kChain;
-  } else if (TensorCoreArch<T>::value < (1 << 30) && use_tensor_cores<T>(p)) {
+  } else if (TensorCoreArch<T>::value < (1 << 30) && use_tensor_cores<T, Op>(p)) {
     kernel = kTensorCores;
   }
   const int64_t bm = kernel == kChain ? kChainBM : kernel == kTensorCores ? kTcBM : kSimtBM;
