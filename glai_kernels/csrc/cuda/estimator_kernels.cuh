@@ -10,10 +10,11 @@
 // Three kernels (estimator_kernels.cu says which runs when):
 //   - at the paper's batch (B <= 32: y, dx, dact) a CUDA-core kernel whose blocks each take a
 //     short chain of k tiles, the weight streamed through a multi-stage cp.async pipeline;
-//   - tensor cores (wmma, float accumulators) for bfloat16, and for float32 through TF32 when
-//     the problem allows it (torch's own setting, read by the binding);
-//   - CUDA-core tiles otherwise: float32 and float64 in their own precision, float16 in float
-//     (a formed product rounded to float16 for wmma could overflow).
+//   - tensor cores (wmma, float accumulators) for bfloat16, float16's y, dx and dact (each row
+//     of the formed operand scaled by a power of two, unscaled after the sum), and float32
+//     through TF32 when the problem allows it (torch's own setting, read by the binding);
+//   - CUDA-core tiles otherwise: float32 and float64 in their own precision, float16 dweight
+//     in float.
 // When the output has few tiles, the reduction dimension is split across blocks into a
 // workspace that a second kernel sums in split order (deterministic, no atomics).
 #pragma once
