@@ -210,3 +210,47 @@ def test_the_step_study_times_both_protocols_steps_and_the_pieces():
         piece()
     seconds = dict.fromkeys(pieces, 1e-5) | {"step": 4e-5}
     assert "Adam's Python wrapper 0.0 (0%)" in _pieces_line("A1", seconds)
+
+
+def test_the_paper_protocol_runs_a_glai_selector_on_torchs_gemm(monkeypatch):
+    """The paper protocol prices GLAI's ordinary step with its selector's frozen layer on
+    torch's GEMM, as the MLPs' layers run there; the engineered probes keep the model itself
+    (the extension's GEMM). The copy's results match the head's to rounding."""
+    from glai_kernels.glai import protocol as protocol_module
+    from glai_kernels.glai.selector import PathSelector
+    from glai_kernels.glai.training import on_torch_gemm
+    from glai_kernels.paper_heads import PAPER_HEADS
+
+    def gemms(model):
+        return [m.gemm for m in model.modules() if isinstance(m, PathSelector)]
+
+    torch.manual_seed(3)
+    mlp = make_mlp((13, 24, 5))
+    head = prune(from_mlp(make_mlp((13, 12, 5))), torch.randn(64, 13), keep=200,
+                 layout="sparse").head
+    paper = on_torch_gemm(head)
+    assert paper is not head and on_torch_gemm(mlp) is mlp
+    assert gemms(paper) == ["torch"] and gemms(head) == ["auto"]
+    assert all(p.data_ptr() != q.data_ptr()
+               for p, q in zip(paper.parameters(), head.parameters(), strict=True))
+    x = torch.randn(9, 13)
+    torch.testing.assert_close(paper(x), head(x))
+
+    seen: list[tuple[str, torch.nn.Module]] = []
+
+    def spy(model, task, optimizer, **kwargs):
+        seen.append((kwargs.get("kind"), model))
+        return lambda: {}
+
+    monkeypatch.setattr(protocol_module, "training_probe", spy)
+    monkeypatch.setattr(protocol_module, "interleaved", lambda probes, repeats: probes)
+    glai = protocol_module.GLAIRun(records=[], reference=torch.randn(4, 13),
+                                   estimators={"GLAI": head})
+    rules = protocol_module.Protocol(engineered=True, compile_mlp=False,
+                                     switches=("fixed",))
+    protocol_module.measure_costs(PAPER_HEADS["A1"], None, rules, 0, {"MLP": mlp}, glai,
+                                  torch.device("cpu"))
+    kinds = [(kind, gemms(model)) for kind, model in seen]
+    assert kinds == [("ordinary", []), ("hand-fused", []), ("ordinary", ["torch"]),
+                     ("fused", ["auto"])]
+    assert seen[1][1] is mlp and seen[3][1] is head

@@ -38,7 +38,8 @@ training runs: training is deterministic and each protocol's steps compute the s
 only in the cost per epoch, each measured by its own interleaved probes:
   paper       (the headline; the record's own `time`, `epoch_cost`, ...): every model in
               the ordinary loop, `loss.backward()` and a fused torch.optim optimizer, the
-              op's kernels inside autograd;
+              op's kernels inside autograd, every Linear layer on torch's GEMM (a GLAI
+              selector's too: `training.on_torch_gemm`, as in the paper);
   engineered  (`record["engineered"]`, the same fields): every model with the fastest step
               this project gives it: a sparse GLAI estimator by `FusedSparseStep`; the MLPs
               and the linear head by the faster of a hand-fused step and a `torch.compile`d
@@ -73,7 +74,13 @@ from glai_kernels.glai.paper_training import paper_training
 from glai_kernels.glai.prune import prune
 from glai_kernels.glai.tasks import Classification, Contrastive, Task
 from glai_kernels.glai.timing import Cost, clock, interleaved, once_probe, training_probe
-from glai_kernels.glai.training import EarlyStopping, FitResult, fit, make_optimizer
+from glai_kernels.glai.training import (
+    EarlyStopping,
+    FitResult,
+    fit,
+    make_optimizer,
+    on_torch_gemm,
+)
 from glai_kernels.paper_heads import PaperHead
 
 MODELS = ("MLP", "MLP reduced", "GLAI", "GLAI auto", "GLAI structured", "Linear")
@@ -321,7 +328,11 @@ def measure_costs(head: PaperHead, task: Task, protocol: Protocol, seed: int,
 
         def optimizer(model=model, kind=kind, decay=decay):
             return make_optimizer(kind, model.parameters(), lr=settings.lr, weight_decay=decay)
-        probes[name] = training_probe(model, task, optimizer(), steps=protocol.probe_steps,
+        # the paper's ordinary loop: a GLAI selector's frozen layers on torch's GEMM, as
+        # the MLPs' layers run there (on_torch_gemm; a copy, so the engineered probes below
+        # keep the extension's GEMM)
+        paper = on_torch_gemm(model)
+        probes[name] = training_probe(paper, task, optimizer(paper), steps=protocol.probe_steps,
                                       seed=seed + 7, kind="ordinary")
         if protocol.engineered:
             for step in _engineered_kinds(name, model, optimizer(), protocol):

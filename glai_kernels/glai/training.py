@@ -6,6 +6,7 @@ device-synchronised (CUDA runs asynchronously) and exclude per-epoch monitoring.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,25 @@ def _ordinary(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer
         task.loss(model, batch).backward()
         optimizer.step()
     return ordinary
+
+
+def on_torch_gemm(model: nn.Module) -> nn.Module:
+    """`model` as the paper's ordinary loop runs it. For a model holding a GLAI selector
+    (PathSelector), a deep copy whose selectors run their frozen layers on torch's GEMM
+    (`PathSelector.gemm = "torch"`, F.linear), as the paper's reduced MLP layer ran and as
+    the MLPs' own nn.Linear layers run in the same protocol; the extension's GEMM (about 2x
+    torch's at the paper's batch on CPU, docs/notes/sparse.md, "The selector's GEMM (stop
+    21)") is engineering the MLP's ordinary loop does not get (SPEC's fair comparison).
+    Any other model is returned itself. The copy's parameters are its own."""
+    from glai_kernels.glai.selector import PathSelector
+
+    if not any(isinstance(m, PathSelector) for m in model.modules()):
+        return model
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if isinstance(m, PathSelector):
+            m.gemm = "torch"
+    return twin
 
 
 def training_step(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer,
