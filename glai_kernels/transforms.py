@@ -46,13 +46,14 @@ try:  # functorch's internals, for the innermost vmap or grad taken directly (`_
         _unwrap_batched,
         _unwrap_for_grad,
         _wrap_for_grad,
+        get_single_level_autograd_function_allowed,
         peek_interpreter_stack,
         pop_dynamic_layer_stack,
         push_dynamic_layer_stack,
+        set_single_level_autograd_function_allowed,
         unwrap_if_dead,
     )
     from torch._functorch.autograd_function import custom_function_call
-    from torch._functorch.utils import enable_single_level_autograd_function
     from torch.autograd.forward_ad import _set_fwd_grad_enabled
     from torch.autograd.function import _SingleLevelFunction
 except ImportError:  # another torch's layout: every call takes autograd.Function.apply
@@ -337,8 +338,14 @@ def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple) -> 
     single-level Function (custom_function_call's grad rule, without a new class a call)."""
     lift = CGradInterpreterPtr(top).lift
     lifted = [None if t is None else lift(unwrap_if_dead(t)) for t in (*slots, *rest)]
-    with enable_single_level_autograd_function():
+    # torch's enable_single_level_autograd_function, without its generator context manager
+    # (0.75 µs of 0.88 a call, twice in each step of a grad under vmap)
+    allowed = get_single_level_autograd_function_allowed()
+    set_single_level_autograd_function_allowed(True)
+    try:
         return _grad_function(top.level()).apply(c, k, *lifted)
+    finally:
+        set_single_level_autograd_function_allowed(allowed)
 
 
 # ---- vmap ----------------------------------------------------------------------------------
