@@ -12,6 +12,7 @@ apply to them; the `cuda` backends run them only on a CUDA machine. Shapes are t
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 
 import pytest
@@ -31,7 +32,7 @@ from torch.func import (
 )
 
 import glai_kernels.sparse as sparse
-from glai_kernels import GLAIEstimator, estimator, registry
+from glai_kernels import GLAIEstimator, estimator, registry, transforms
 from glai_kernels import calls as calls_module
 from glai_kernels.contract import Shape
 from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
@@ -161,6 +162,27 @@ def test_forward_mode(case):
         expected = forward_ad.unpack_dual(oracle(*duals)).tangent
     assert tangent is not None
     _close(tangent, expected)
+
+
+def test_forward_ad_applies_the_function_without_binding(monkeypatch):
+    """Outside every functorch transform (here a forward-AD level) the op's Function is
+    applied as Function.apply ends, without binding its arguments by inspect.signature on
+    each call (≈ 19 µs of 35 a call); the tangent is the same."""
+    seen = []
+    signature = inspect.signature
+
+    def spy(obj, *args, **kwargs):
+        seen.append(obj)
+        return signature(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "signature", spy)
+    x, act, w, bias = _inputs("cpu", SHAPE)
+    t = torch.randn_like(x)
+    with forward_ad.dual_level():
+        y = estimator(forward_ad.make_dual(x, t), act, w, bias, backend="torch")
+        tangent = forward_ad.unpack_dual(y).tangent
+    assert transforms._Slot.forward not in seen
+    _close(tangent, torch.einsum("bi,bs,ois->bo", t, act, w))
 
 
 def test_hessian(case):
