@@ -12,6 +12,7 @@ apply to them; the `cuda` backends run them only on a CUDA machine. Shapes are t
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 
 import pytest
@@ -31,7 +32,9 @@ from torch.func import (
 )
 
 import glai_kernels.sparse as sparse
-from glai_kernels import GLAIEstimator, estimator, registry
+from glai_kernels import GLAIEstimator, estimator, registry, transforms
+from glai_kernels import calls as calls_module
+from glai_kernels.contract import Shape
 from glai_kernels.sparse import SPARSE_ESTIMATOR, from_dense
 from glai_kernels.sparse.op import sparse_estimator_op
 
@@ -159,6 +162,27 @@ def test_forward_mode(case):
         expected = forward_ad.unpack_dual(oracle(*duals)).tangent
     assert tangent is not None
     _close(tangent, expected)
+
+
+def test_forward_ad_applies_the_function_without_binding(monkeypatch):
+    """Outside every functorch transform (here a forward-AD level) the op's Function is
+    applied as Function.apply ends, without binding its arguments by inspect.signature on
+    each call (≈ 19 µs of 35 a call); the tangent is the same."""
+    seen = []
+    signature = inspect.signature
+
+    def spy(obj, *args, **kwargs):
+        seen.append(obj)
+        return signature(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "signature", spy)
+    x, act, w, bias = _inputs("cpu", SHAPE)
+    t = torch.randn_like(x)
+    with forward_ad.dual_level():
+        y = estimator(forward_ad.make_dual(x, t), act, w, bias, backend="torch")
+        tangent = forward_ad.unpack_dual(y).tangent
+    assert transforms._Slot.forward not in seen
+    _close(tangent, torch.einsum("bi,bs,ois->bo", t, act, w))
 
 
 def test_hessian(case):
@@ -452,19 +476,73 @@ def test_stacked_heads_match_the_loop_bit_for_bit(built, shape, dtype):
     heads, (params, buffers), call, x, act = _stacked_heads("cpp", shape, dtype)
     stacked = vmap(call, in_dims=(0, 0, None, None))
     loop = [h(x, act) for h in heads]
-    loop_dw = torch.stack([torch.autograd.grad(y.square().sum(), h.weight)[0]
-                           for h, y in zip(heads, loop, strict=True)])
+    loop_grads = [torch.autograd.grad(y.square().sum(), (h.weight, h.bias))
+                  for h, y in zip(heads, loop, strict=True)]
+    loop_dw, loop_db = (torch.stack([g[i] for g in loop_grads]) for i in (0, 1))
     loop_y = torch.stack(loop).detach()
     ys = stacked(params, buffers, x, act)
-    (dw,) = torch.autograd.grad(ys.square().sum(), params["weight"])
+    dw, db = torch.autograd.grad(ys.square().sum(), (params["weight"], params["bias"]))
 
     def loss(params, buffers, x, act):
         return call(params, buffers, x, act).square().sum()
 
-    grad_dw = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)["weight"]
+    grads = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)
+    with torch.no_grad():
+        assert torch.equal(stacked(params, buffers, x, act), loop_y)
     assert torch.equal(ys, loop_y)
     assert torch.equal(dw, loop_dw)
-    assert torch.equal(grad_dw, loop_dw)
+    assert torch.equal(grads["weight"], loop_dw)
+    # the bias's gradient is aten's sum of dy over B, whose order depends on how many columns
+    # it sums (N*O folded, O in the loop): the folded call's bits, the loop's value
+    weight, bias = (t.detach().flatten(0, 1).requires_grad_(True)
+                    for t in (params["weight"], params["bias"]))
+    y = estimator(x, act, weight, bias, backend="cpp")
+    (folded_db,) = torch.autograd.grad(y.square().sum(), bias)
+    assert torch.equal(db.flatten(), folded_db)
+    torch.testing.assert_close(db, loop_db)
+    torch.testing.assert_close(grads["bias"], loop_db)
+
+
+def _graph_nodes(root) -> list[str]:
+    """The names of the autograd nodes reachable from `root` (a grad_fn)."""
+    seen, todo, names = set(), [root], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+def test_stacked_heads_forward_is_the_folded_call(recorded, monkeypatch):
+    """The vmapped forward of stacked heads is the eager call of the op on the folded weight
+    [N*O, I, P] AND the folded bias [N*O] (views of the stacked state): under no_grad
+    calls.direct_forward, the bias added inside it; where autograd records, the backend's
+    eager node given the bias, with no add of [N, B, O] + [N, 1, O] after it."""
+    name, _ = recorded
+    _, (params, buffers), call, x, act = _stacked_heads(name)
+    heads = vmap(call, in_dims=(0, 0, None, None))
+    direct_calls = []
+    real = calls_module.direct_forward
+
+    def direct_forward(impl, shape, tensors, rest, bias):
+        direct_calls.append((impl.name, shape, tensors[2].data_ptr(), bias.data_ptr(),
+                             tuple(bias.shape)))
+        return real(impl, shape, tensors, rest, bias)
+
+    monkeypatch.setattr(calls_module, "direct_forward", direct_forward)
+    batch, inputs, paths, outputs = SHAPE
+    with torch.no_grad():
+        heads(params, buffers, x, act)
+    assert direct_calls == [(name, Shape(batch, inputs, paths, N * outputs),
+                             params["weight"].data_ptr(), params["bias"].data_ptr(),
+                             (N * outputs,))]
+    ys = heads(params, buffers, x, act)
+    nodes = _graph_nodes(ys.grad_fn)
+    assert "EagerBackward" in nodes
+    assert not [n for n in nodes if n.startswith("AddBackward")], nodes
 
 
 @pytest.mark.parametrize("kind, name", [("dense", "cpp"), ("dense", "torch"), ("sparse", "cpp")])

@@ -211,6 +211,11 @@ def estimator(
         device = x.device
         call = auto_call(x, act, weight, backend, device.type)
         tensors = (x, act, weight, bias)
+        if calls.transformed():
+            # batched or dual tensors: the op as a functorch-ready Function (transforms.py);
+            # asked first, as eager_route would only find the same after its tensor checks
+            impl = registry.resolve(backend, device, x.dtype, call)
+            return transforms.forward(_contraction(impl), x, act, weight, (), bias)
         if dtype is None and calls.eager_route(tensors):
             # plain tensors in eager mode: the op's work without its Python (calls.py)
             impl = registry.resolve(backend, device, x.dtype, call)
@@ -220,10 +225,6 @@ def estimator(
             if impl.eager is not None and not calls.is_empty(shape):
                 return impl.eager(x, act, weight, bias, save)
             return _EagerEstimator.apply(x, act, weight, bias, (), impl, shape, save)
-        if calls.transformed():
-            # batched or dual tensors: the op as a functorch-ready Function (transforms.py)
-            impl = registry.resolve(backend, device, x.dtype, call)
-            return transforms.forward(_contraction(impl), x, act, weight, (), bias)
         # eager: the same answer without the wrapper torch.compile needs (a few µs a call)
         name = _resolved(backend, device, x.dtype, call)
     save = torch.is_grad_enabled() and act.requires_grad
@@ -235,9 +236,18 @@ def _check(x, act, weight, _rest) -> Shape:
     return check_inputs(x, act, weight)
 
 
+_CONTRACTIONS: dict[int, tuple[registry.Backend, transforms.Contraction]] = {}
+
+
 def _contraction(impl: registry.Backend) -> transforms.Contraction:
-    """The dense op on `impl` for transforms.py: stacked weights fold into the outputs."""
-    return transforms.Contraction(impl, _check, _NAMES, fold_outputs=True)
+    """The dense op on `impl` for transforms.py: stacked weights fold into the outputs. Made
+    once per backend (every call under a transform asks; the identity check keeps a new
+    backend object from reusing a dead one's entry)."""
+    kept = _CONTRACTIONS.get(id(impl))
+    if kept is None or kept[0] is not impl:
+        kept = _CONTRACTIONS[id(impl)] = (impl, transforms.Contraction(impl, _check, _NAMES,
+                                                                       fold_outputs=True))
+    return kept[1]
 
 
 class _EagerEstimator(calls.EagerFunction):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from glai_kernels import calls
+from glai_kernels.contract import Shape
 from glai_kernels.registry import Backend
 
 try:  # functorch's internals, for the innermost vmap or grad taken directly (`_innermost`)
@@ -45,13 +46,15 @@ try:  # functorch's internals, for the innermost vmap or grad taken directly (`_
         _unwrap_batched,
         _unwrap_for_grad,
         _wrap_for_grad,
+        get_single_level_autograd_function_allowed,
         peek_interpreter_stack,
         pop_dynamic_layer_stack,
         push_dynamic_layer_stack,
+        set_single_level_autograd_function_allowed,
         unwrap_if_dead,
     )
     from torch._functorch.autograd_function import custom_function_call
-    from torch._functorch.utils import enable_single_level_autograd_function
+    from torch._functorch.utils import unwrap_dead_wrappers
     from torch.autograd.forward_ad import _set_fwd_grad_enabled
     from torch.autograd.function import _SingleLevelFunction
 except ImportError:  # another torch's layout: every call takes autograd.Function.apply
@@ -121,6 +124,11 @@ def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
         # what Function.apply ends in, without its inspect.signature binding (_Slot.forward
         # has no defaults: the binding changes nothing)
         return custom_function_call(_Slot, c, k, *slots, *rest)
+    if peek_interpreter_stack is not None and not torch.compiler.is_compiling():
+        # no functorch transform (a forward-AD level, or autograd below every transform):
+        # Function.apply's own end, without its binding (≈ 19 µs of 35 a call here);
+        # torch.compile keeps Function.apply, which Dynamo traces as such
+        return _SLOT_APPLY(c, k, *unwrap_dead_wrappers((*slots, *rest)))
     return _Slot.apply(c, k, *slots, *rest)
 
 
@@ -177,6 +185,10 @@ class _Slot(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, c, k, *tensors):
         return batched(info.batch_size, in_dims[2:], c, k, tensors)
+
+
+# what Function.apply calls once it has bound the arguments, outside every functorch transform
+_SLOT_APPLY = super(torch.autograd.Function, _Slot).apply
 
 
 def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
@@ -240,14 +252,18 @@ def _unwrapped(t: torch.Tensor | None, level: int) -> tuple[torch.Tensor | None,
 
 def _vmapped(top, c: Contraction, k: int, slots: list, rest: tuple,
              bias: torch.Tensor | None) -> torch.Tensor:
-    """G_k (plus `bias` for the forward) under the innermost vmap `top`: unwrapped, `batched`
-    one level down, wrapped at its level."""
+    """G_k (plus `bias` for the forward) under the innermost vmap `top`: unwrapped, one level
+    down `_folded_forward` (stacked heads' forward) or `batched`, wrapped at its level."""
     level, n = top.level(), CVmapInterpreterPtr(top).batchSize()
     parts = [_unwrapped(t, level) for t in (*slots, *rest, bias)]
     tensors, dims = [p[0] for p in parts], [p[1] for p in parts]
     b, bias_dim = tensors.pop(), dims.pop()
     with _Lowered():
-        if all(d is None for d in dims):  # nothing batched at this level: one plain call
+        folded = (_folded_forward(n, c, tensors, dims, b, bias_dim) if k == Y and c.fold_outputs
+                  else None)
+        if folded is not None:  # stacked heads: the folded call with its bias, as it is
+            out, out_dim, b = folded, 1, None
+        elif all(d is None for d in dims):  # nothing batched at this level: one plain call
             out, out_dim = apply(c, k, tensors[:4], tuple(tensors[4:])), None
         else:
             out, out_dim = batched(n, dims, c, k, tensors)
@@ -259,6 +275,44 @@ def _vmapped(top, c: Contraction, k: int, slots: list, rest: tuple,
                 out = y + (b if bias_dim is None else b.movedim(bias_dim, 0).unsqueeze(1))
                 out_dim = 0
     return out if out_dim is None else _add_batch_dim(out, out_dim, level)
+
+
+def _folded_forward(n: int, c: Contraction, tensors: list, dims: list,
+                    b: torch.Tensor | None, bias_dim: int | None) -> torch.Tensor | None:
+    """y [B, N, O] (batched at 1) of stacked heads, one level below their vmap: weights
+    `tensors`[W] [N, O, I, P] and biases `b` [N, O] batched, x and act shared, as ONE eager
+    call of the op on the folded weight [N*O, I, P] and bias [N*O], the very call an eager
+    `estimator` on them makes (its checks, the backend's call and the bias added in
+    calls.run_forward, or the backend's eager node where autograd records). None where that
+    is not the case here (rows batched, a bias shared or batched alone, another transform
+    or mode below, an empty problem that autograd records): `batched` then, the bias added
+    after. The same bits either way (the bias added to the same y elements); fewer steps and
+    no extra [N, B, O] add (docs/notes/cpu-kernels.md, "vmap over stacked heads, second pass
+    (issue 43, stop 46)")."""
+    if (len(tensors) != 4 or dims[X] is not None or dims[ACT] is not None or dims[W] is None
+            or (b is not None and bias_dim is None)):
+        return None
+    _, x, act, w = tensors
+    # a view op costs ≈ 0.7 µs here: none where the batch dim is already first (as
+    # stack_module_state stacks)
+    w = w if dims[W] == 0 else w.movedim(dims[W], 0)
+    outputs = w.shape[1]  # O (explicit sizes: a view of an empty tensor needs them)
+    weight = w.reshape(n * outputs, *w.shape[2:])
+    if b is not None:
+        b = (b if bias_dim == 0 else b.movedim(bias_dim, 0)).reshape(n * outputs)
+    called = (x, act, weight, b)
+    if not calls.eager_route(called):
+        return None
+    # the op checked each head's arguments on entry, on the batched tensors (ranks, sizes,
+    # dtypes, devices, naming the argument): the folded call's follow, only its shape is new
+    shape = Shape(x.shape[0], x.shape[1], act.shape[1], n * outputs)
+    if not calls.records_gradient(called):
+        y = calls.direct_forward(c.impl, shape, (x, act, weight), (), b)
+    elif c.impl.eager is not None and c.impl.op == "estimator" and not calls.is_empty(shape):
+        y = c.impl.eager(x, act, weight, b, act.requires_grad)
+    else:
+        return None
+    return y.view(shape.batch, n, outputs)
 
 
 _GRAD_FUNCTIONS: dict[int, type] = {}
@@ -294,8 +348,14 @@ def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple) -> 
     single-level Function (custom_function_call's grad rule, without a new class a call)."""
     lift = CGradInterpreterPtr(top).lift
     lifted = [None if t is None else lift(unwrap_if_dead(t)) for t in (*slots, *rest)]
-    with enable_single_level_autograd_function():
+    # torch's enable_single_level_autograd_function, without its generator context manager
+    # (0.75 µs of 0.88 a call, twice in each step of a grad under vmap)
+    allowed = get_single_level_autograd_function_allowed()
+    set_single_level_autograd_function_allowed(True)
+    try:
         return _grad_function(top.level()).apply(c, k, *lifted)
+    finally:
+        set_single_level_autograd_function_allowed(allowed)
 
 
 # ---- vmap ----------------------------------------------------------------------------------

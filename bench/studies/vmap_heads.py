@@ -16,14 +16,19 @@ run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded
 - forward+backward (the weight's and bias's gradients of a sum loss): `loop` (N calls, one
   autograd.grad of their summed losses), `vmap` (autograd.grad through the vmapped forward),
   `vmap-grad` (vmap of torch.func.grad), `vmap-vjp` (vmap of torch.func.vjp, a cotangent per
-  head) and `folded`.
+  head) and `folded`;
+- beside them, the op-level pair without the module (no functional_call): `op-loop` (N calls
+  of `estimator(x, act, w_n, b_n)` on the heads' own tensors) against `op-vmap` (vmap of
+  `estimator` over the stacked weight and bias, in_dims=(None, None, 0, 0)), and in
+  forward+backward `op-vmap-grad` (vmap of torch.func.grad of it): what the op's batching
+  rule costs when torch.func's functional_call is not in the call.
 
 Each repeat prints every contender's median and interquartile range and its ratio to `loop`
-(below 1: faster than the loop). `--clock thread` reads this thread's CPU time (with
-`--threads 1` the whole call's work, none of the time spent waiting for a core on a shared
-machine). `--profile` then shows where `vmap` spends beyond `folded`: cProfile's top Python
-functions and torch.profiler's aten operators (a copy of the stacked weight would show as
-aten::copy_ or aten::clone of its size).
+(the op-level ones to `op-loop`; below 1: faster than the loop). `--clock thread` reads this
+thread's CPU time (with `--threads 1` the whole call's work, none of the time spent waiting for
+a core on a shared machine). `--profile` then shows where the vmapped calls spend beyond
+`folded`: cProfile's top Python functions and torch.profiler's aten operators (a copy of the
+stacked weight would show as aten::copy_ or aten::clone of its size).
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ class Ensemble:
         """One head's y [B, O] from its state (vmapped over the stacked state)."""
         return functional_call(self.base, (params, buffers), (x, act))
 
+    def op(self, x, act, weight, bias) -> torch.Tensor:
+        """One head's y [B, O] by the op itself (the op-level pair)."""
+        return estimator(x, act, weight, bias, backend=self.backend)
+
     def stacked(self) -> torch.Tensor:
         """y [N, B, O] of every head, one vmapped call."""
         return vmap(self.call, in_dims=(0, 0, None, None))(self.params, self.buffers,
@@ -109,7 +118,18 @@ def forward_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
         with torch.no_grad():
             return estimator(e.x, e.act, e.weight, e.bias, backend=e.backend)
 
-    return {"loop": loop, "vmap": stacked, "folded": folded}
+    op_stacked = vmap(e.op, in_dims=(None, None, 0, 0))
+
+    def op_loop():
+        with torch.no_grad():
+            return [e.op(e.x, e.act, h.weight, h.bias) for h in e.heads]
+
+    def op_vmap():
+        with torch.no_grad():
+            return op_stacked(e.x, e.act, e.params["weight"], e.params["bias"])
+
+    return {"loop": loop, "vmap": stacked, "folded": folded, "op-loop": op_loop,
+            "op-vmap": op_vmap}
 
 
 def training_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
@@ -142,10 +162,24 @@ def training_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
         y = estimator(e.x, e.act, e.weight, e.bias, backend=e.backend)
         return torch.autograd.grad(y.sum(), (e.weight, e.bias))
 
+    def op_loop():
+        loss = sum(e.op(e.x, e.act, h.weight, h.bias).sum() for h in e.heads)
+        return torch.autograd.grad(loss, loop_params)
+
+    op_stacked = vmap(e.op, in_dims=(None, None, 0, 0))
+
+    def op_vmap():
+        y = op_stacked(e.x, e.act, *stacked_params)
+        return torch.autograd.grad(y.sum(), stacked_params)
+
+    op_grad = vmap(grad(lambda x, act, w, b: e.op(x, act, w, b).sum(), argnums=(2, 3)),
+                   in_dims=(None, None, 0, 0))
+
     return {"loop": loop, "vmap": stacked,
             "vmap-grad": lambda: per_head_grad(e.params, e.buffers, e.x, e.act),
             "vmap-vjp": lambda: per_head_vjp(e.params, e.buffers, e.x, e.act, ones),
-            "folded": folded}
+            "folded": folded, "op-loop": op_loop, "op-vmap": op_vmap,
+            "op-vmap-grad": lambda: op_grad(e.x, e.act, *stacked_params)}
 
 
 def same_bits(e: Ensemble) -> dict[str, bool]:
@@ -157,7 +191,9 @@ def same_bits(e: Ensemble) -> dict[str, bool]:
     loop_dw = torch.stack(train["loop"]()[0::2])
     return {"forward": torch.equal(loop_y, vmap_y),
             "dweight (autograd)": torch.equal(loop_dw, train["vmap"]()[0]),
-            "dweight (grad)": torch.equal(loop_dw, train["vmap-grad"]()["weight"])}
+            "dweight (grad)": torch.equal(loop_dw, train["vmap-grad"]()["weight"]),
+            "op-level forward": torch.equal(loop_y, forward_calls(e)["op-vmap"]()),
+            "op-level dweight (grad)": torch.equal(loop_dw, train["op-vmap-grad"]()[0])}
 
 
 def timed(fns: dict[str, Callable[[], object]], rounds: int, min_time_s: float,
@@ -169,16 +205,21 @@ def timed(fns: dict[str, Callable[[], object]], rounds: int, min_time_s: float,
     return {name: (t.median_s * 1e6, t.iqr_s * 1e6) for name, t in timings.items()}
 
 
+def baseline(name: str) -> str:
+    """The contender `name` is compared with: `op-loop` for the op-level pair, else `loop`."""
+    return "op-loop" if name.startswith("op-") else "loop"
+
+
 def report(title: str, runs: list[dict[str, tuple[float, float]]]) -> None:
-    """Each repeat's medians and ratios to the loop, then the ratios' median over repeats."""
+    """Each repeat's medians and ratios to the loop (op-level: to op-loop), then the ratios'
+    median over repeats."""
     print(f"\n{title}")
     for i, t in enumerate(runs, 1):
-        loop = t["loop"][0]
-        cells = "  ".join(f"{name} {med:.0f} ±{iqr / 2:.0f} µs ({med / loop:.3f}×)"
+        cells = "  ".join(f"{name} {med:.0f} ±{iqr / 2:.0f} µs ({med / t[baseline(name)][0]:.3f}×)"
                           for name, (med, iqr) in t.items())
         print(f"  repeat {i}: {cells}")
-    names = [n for n in runs[0] if n != "loop"]
-    ratios = {n: sorted(t[n][0] / t["loop"][0] for t in runs) for n in names}
+    names = [n for n in runs[0] if n != baseline(n)]
+    ratios = {n: sorted(t[n][0] / t[baseline(n)][0] for t in runs) for n in names}
     print("  ratio to loop, median [min, max] over repeats: " + "  ".join(
         f"{n} {statistics.median(r):.3f} [{r[0]:.3f}, {r[-1]:.3f}]" for n, r in ratios.items()))
 
@@ -241,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         for key in chosen:
             title, fns = passes[key]
-            for name in [n for n in fns if n.startswith("vmap")] + ["folded"]:
+            for name in [n for n in fns if "vmap" in n] + ["folded"]:
                 profile(fns[name], 200, f"{title} {name}")
     return 0
 
