@@ -62,16 +62,18 @@ def all_paths(hidden: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _EXTENSION_DTYPES = (torch.float32, torch.float64)  # what `glai_ext::linear` runs
-_READY: list[bool] = []  # [True] once the extension's CPU kernels were found available
+_READY = False  # True once the extension's CPU kernels were found available
 
 
 def _extension_ready() -> bool:
     """`fused.unavailable() is None`, asked until it is: the extension is built and loaded
     once per process (extension_build.build is cached), so once available it stays so, and
-    each call then spares the four calls of the question (per step, see `forward`)."""
-    if not _READY and fused.unavailable() is None:
-        _READY.append(True)
-    return bool(_READY)
+    a caller reading `_READY` first then spares the four calls of the question (per step,
+    see `PathSelector.forward`)."""
+    global _READY
+    if not _READY:
+        _READY = fused.unavailable() is None
+    return _READY
 _TILE_COLUMNS = 64  # a multiple of every instruction set's register tile width (kNR)
 
 
@@ -180,7 +182,7 @@ class PathSelector(nn.Module):
         if gemm == "auto":  # the default first: one expression, in the order of the rule below
             return (x.device.type == "cpu" and x.dtype in _EXTENSION_DTYPES
                     and self._buffers["weight0"].dtype == x.dtype
-                    and not torch.compiler.is_compiling() and _extension_ready())
+                    and not torch.compiler.is_compiling() and (_READY or _extension_ready()))
         if gemm not in GEMMS:
             raise ValueError(f"PathSelector.gemm must be one of {GEMMS}, got {gemm!r}")
         if gemm == "torch" or torch.compiler.is_compiling():

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+from torch.autograd import forward_ad
 
 from glai_kernels import autocast, calls, dispatch, transforms
 from glai_kernels.autocast import autocast_dtype, autocast_inputs
@@ -232,6 +233,7 @@ class _Remembered(NamedTuple):
     device: torch.device
     autocast: str | None  # the device type when torch.autocast has one for it
     sizes: tuple[int, int, int, int, int]  # (O, I, P, K, G), none of them 0
+    bias_shape: torch.Size  # [O]
     index: KeptIndex  # contiguous: what the backend gets
 
 
@@ -269,49 +271,69 @@ def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: 
     _REMEMBERED[id(sw)] = _Remembered(
         owner, tensors, _index_state(tensors), x.dtype, device,
         device.type if device.type in autocast.AUTOCAST_DEVICES else None,
-        (shape.outputs, shape.inputs, shape.paths, shape.nnz, shape.groups), contiguous)
+        (shape.outputs, shape.inputs, shape.paths, shape.nnz, shape.groups),
+        torch.Size([shape.outputs]), contiguous)
 
 
 def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
                      impl: Backend | None, backend: str | None) -> torch.Tensor | None:
-    """`run_resolved`'s y [B, O] for an eager call on `sw` like one that `_remember` saw
-    pass its checks: the same unedited index, inputs of the same dtype and device whose
-    sizes the index fits, no autocast, mode or transform, and B > 0; None for anything else
-    (the full path)."""
+    """`run_resolved`'s y [B, O] for an eager call on `sw` after one that `_remember` saw
+    pass its checks: plain tensors, the same unedited index, no autocast, mode or transform,
+    and B > 0; None for anything else, and for inputs the checks would refuse (the full path
+    then checks them and raises its errors).
+
+    A backend with its own eager node (`Backend.eager`: the `cpp` backend's C++ node, whose
+    kernels' binding checks x, act and values against the index: ranks, dtypes, devices,
+    sizes) takes them unchecked here but for the bias (its node adds it with broadcasting)
+    and B; any RuntimeError of that call sends it to the full path. Other backends get the
+    checks in Python, against the remembered call's dtype, device and sizes."""
     if torch.compiler.is_compiling():  # Dynamo traces the full path (and its checks)
         return None
     kept = _REMEMBERED.get(id(sw))
     if kept is None or kept.owner() is not sw:
         return None
     values = sw._parameters.get("values")
-    dtype, device = kept.dtype, kept.device
-    outputs, inputs, paths, nnz, groups = kept.sizes
     tensors = tuple(sw._buffers.values())
     if not (type(x) is torch.Tensor and type(act) is torch.Tensor
             and type(values) in calls._PLAIN and (bias is None or type(bias) in calls._PLAIN)
-            and x.dtype is dtype and act.dtype is dtype and values.dtype is dtype
+            and len(tensors) == len(kept.tensors)
+            and all(map(operator.is_, tensors, kept.tensors))
+            and [(t._version, t.data_ptr(), t.shape) for t in tensors] == kept.state
+            and (kept.autocast is None or not torch.is_autocast_enabled(kept.autocast))
+            # calls.eager_route's modes and calls.transformed, inline
+            and not (torch._C._len_torch_dispatch_stack()
+                     or torch._C._is_torch_function_mode_enabled()
+                     or torch._C._are_functorch_transforms_active()
+                     or forward_ad._current_level >= 0)):
+        return None
+    dtype, device = kept.dtype, kept.device
+    if impl is None:
+        if not (x.dtype is dtype and x.device == device):  # what resolving may assume
+            return None
+        impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
+    rest = (kept.index,)
+    eager = impl.eager
+    if eager is not None:
+        if not (x.numel() > 0 and (bias is None or (bias.dtype is values.dtype
+                                                     and bias.shape == kept.bias_shape))):
+            return None
+        try:
+            return eager(x, act, values, bias, act.requires_grad and torch.is_grad_enabled(),
+                         *rest)
+        except RuntimeError:
+            return None
+    outputs, inputs, paths, nnz, groups = kept.sizes
+    if not (x.dtype is dtype and act.dtype is dtype and values.dtype is dtype
             and x.dim() == 2 and act.dim() == 2 and values.dim() == 1
             and x.shape[1] == inputs and act.shape[1] == paths and values.shape[0] == nnz
             and act.shape[0] == x.shape[0] > 0
             and x.device == device and act.device == device and values.device == device
-            and (bias is None or (bias.dtype is dtype and bias.dim() == 1
-                                  and bias.shape[0] == outputs and bias.device == device))
-            and len(tensors) == len(kept.tensors)
-            and all(map(operator.is_, tensors, kept.tensors))
-            and _index_state(tensors) == kept.state
-            and (kept.autocast is None or not torch.is_autocast_enabled(kept.autocast))
-            and not (torch._C._len_torch_dispatch_stack()
-                     or torch._C._is_torch_function_mode_enabled() or calls.transformed())):
+            and (bias is None or (bias.dtype is dtype and bias.shape == kept.bias_shape
+                                  and bias.device == device))):
         return None
-    if impl is None:
-        impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
-    rest = (kept.index,)
-    if not calls.records_gradient((x, act, values, bias)):
-        shape = SparseShape(x.shape[0], inputs, paths, outputs, nnz, groups)
-        return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
-    if impl.eager is not None:  # `calls.record`'s choice for a problem that is not empty
-        return impl.eager(x, act, values, bias, act.requires_grad, *rest)
     shape = SparseShape(x.shape[0], inputs, paths, outputs, nnz, groups)
+    if not calls.records_gradient((x, act, values, bias)):
+        return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
     return calls.record(_EagerSparse, impl, shape, (x, act, values), rest, bias,
                         act.requires_grad)
 
@@ -379,8 +401,12 @@ def resolve(backend: str | None, device: torch.device, dtype: torch.dtype,
     device the name is only validated, as the dense op does: the named backend, unchecked,
     or for "auto" `META_AUTO`, which stands for it (the fakes then save nothing).
     """
-    name = requested_name(backend)
-    if device.type == "meta":
+    meta = device.type == "meta"
+    # a name given is checked by Registry.resolve as requested_name would (the same error):
+    # three calls fewer on every forward (docs/notes/pipeline.md, "The ordinary GLAI step,
+    # second pass (issue 41, stop 46)")
+    name = requested_name(backend) if backend is None or meta else backend
+    if meta:
         return META_AUTO if name == AUTO else SPARSE_ESTIMATOR.get(name)
     return SPARSE_ESTIMATOR.resolve(name, device, dtype, call)
 
