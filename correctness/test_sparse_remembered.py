@@ -8,7 +8,8 @@ inputs of the same kind skips `check_inputs`' Python; anything else takes the fu
   is checked again, and a corrupt one is refused with the full path's error;
 - inputs that differ from the remembered call's (dtype, sizes, bias, an empty batch, no
   gradient, autocast) take the full path and its errors or results;
-- the memory does not keep a SparsePathWeight alive.
+- the memory does not keep a SparsePathWeight alive, and never holds an index of inference
+  tensors (no version counter).
 """
 
 from __future__ import annotations
@@ -150,3 +151,14 @@ def test_the_memory_keeps_no_weight_alive():
     del sw
     gc.collect()
     assert key not in sparse_op._REMEMBERED
+
+
+def test_an_index_of_inference_tensors_is_never_remembered(counted):
+    """Inference tensors keep no version counter (sparse/checked.py): checked on every call."""
+    x, act, sw, _, _ = _setup()
+    with torch.inference_mode():
+        index = [t.clone() for t in sw.index]
+    sw = SparsePathWeight(sw.values.detach(), KeptIndex(*index))
+    expected = sparse.estimator(x, act, sw, backend="cpp")
+    assert torch.equal(sparse.estimator(x, act, sw, backend="cpp"), expected)
+    assert id(sw) not in sparse_op._REMEMBERED and counted[0] == 2

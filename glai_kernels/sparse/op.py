@@ -11,6 +11,10 @@ Zg [B, G] (layout.py), when `save` is true and the backend has a forward_saving;
 empty tensor. `save` has no default on purpose: the dispatcher drops an argument equal to
 its default, and the autograd wrapper for an op with a list input then expects one fewer
 gradient.
+
+An eager call on a SparsePathWeight (plain tensors, no autocast, mode or transform) remembers
+that its checks passed; the next such call with the same unedited index runs without
+`check_inputs`' Python ("eager calls on a SparsePathWeight checked before", below).
 """
 
 from __future__ import annotations
@@ -264,12 +268,16 @@ def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: 
                     and shape.groups)
             or any(type(t) is not torch.Tensor for t in tensors)):
         return
+    try:
+        state = _index_state(tensors)
+    except RuntimeError:  # inference tensors keep no version counter: never remembered
+        return
     device = x.device
     kept = _REMEMBERED.get(id(sw))
     owner = kept.owner if kept is not None and kept.owner() is sw else weakref.ref(
         sw, _forget(id(sw)))
     _REMEMBERED[id(sw)] = _Remembered(
-        owner, tensors, _index_state(tensors), x.dtype, device,
+        owner, tensors, state, x.dtype, device,
         device.type if device.type in autocast.AUTOCAST_DEVICES else None,
         (shape.outputs, shape.inputs, shape.paths, shape.nnz, shape.groups),
         torch.Size([shape.outputs]), contiguous)
