@@ -76,14 +76,20 @@ def test_remembered_call_is_the_checked_call(counted, dtype, act_grad):
 
 
 def test_remembered_without_gradients_and_with_resolution(counted):
-    """No gradient asked: the direct forward; `run_resolved` without a backend resolves."""
+    """No gradient asked: the full path's direct forward, bit for bit; `run_resolved` without
+    a backend resolves; an unknown backend is refused as on the full path."""
     x, act, sw, bias, _ = _setup()
-    expected = sparse.estimator(x, act, sw, bias, backend="cpp")
     with torch.no_grad():
-        y = sparse.estimator(x, act, sw, bias, backend="cpp")
-    assert y.grad_fn is None and torch.equal(y, expected)
+        expected = sparse.estimator(x, act, sw, bias, backend="cpp")  # checked: direct
+        y = sparse.estimator(x, act, sw, bias, backend="cpp")  # remembered
+    assert y.grad_fn is None and torch.equal(y, expected) and counted[0] == 1
     y = sparse_op.run_resolved(x, act, sw, bias, None, "cpp")
     assert torch.equal(y, expected) and counted[0] == 1
+    assert y.grad_fn.name() == "glai::SparseEstimatorBackward"
+    with pytest.raises(ValueError, match="unknown sparse_estimator backend 'nope'"):
+        sparse.estimator(x, act, sw, bias, backend="nope")
+    with pytest.raises(ValueError, match="x must be 2-d"):  # the checks' error comes first
+        sparse.estimator(x[0], act, sw, bias, backend="nope")
 
 
 @pytest.mark.parametrize("edit", ["in place", ".data", "new buffer"])

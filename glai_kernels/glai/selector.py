@@ -74,6 +74,8 @@ def _extension_ready() -> bool:
     if not _READY:
         _READY = fused.unavailable() is None
     return _READY
+
+
 _TILE_COLUMNS = 64  # a multiple of every instruction set's register tile width (kNR)
 
 

@@ -216,15 +216,14 @@ def contiguous_index(index: KeptIndex) -> KeptIndex:
 
 
 # ---- eager calls on a SparsePathWeight checked before ------------------------------------
-# In an ordinary training step at the paper's B = 16 the Python around the kernels costs ~3x
-# what it costs timed alone (the step's working set evicts it between calls): run_resolved's
-# checks and eager route measured ≈ 22 µs of the A2 step against ≈ 13 µs alone
-# (docs/notes/pipeline.md, "The ordinary GLAI step, second pass (issue 41, stop 46)"). An
-# eager call on a SparsePathWeight whose index passed `check_inputs` remembers that check:
-# the next call with the same index tensors, unedited (identity, version, data pointer,
-# shape, as sparse/checked.py keys them), and inputs of the same dtype and device and of
-# sizes the index fits, runs without the checks' Python; anything else takes the full path,
-# whose checks raise the errors.
+# In an ordinary training step at the paper's B = 16 the Python around the kernels costs 2-3x
+# what it costs timed alone (the step's working set evicts it between calls): `check_inputs`
+# measured ≈ 16 µs of the A2 step against ≈ 7 µs alone (docs/notes/pipeline.md, "The
+# ordinary GLAI step, second pass (issue 41, stop 46)"). An eager call on a SparsePathWeight
+# whose index passed `check_inputs` remembers that check: the next call with the same index
+# tensors, unedited (identity, version, data pointer, shape, as sparse/checked.py keys them),
+# and inputs the checks would pass runs without the checks' Python; anything else takes the
+# full path, whose checks raise the errors.
 
 
 class _Remembered(NamedTuple):
@@ -316,9 +315,13 @@ def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
         return None
     dtype, device = kept.dtype, kept.device
     if impl is None:
-        if not (x.dtype is dtype and x.device == device):  # what resolving may assume
+        # what resolving may assume; its own errors come after the checks', from the full path
+        if not (x.dtype is dtype and x.device == device and x.dim() == 2 and act.dim() == 2):
             return None
-        impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
+        try:
+            impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
+        except (ValueError, RuntimeError):
+            return None
     rest = (kept.index,)
     eager = impl.eager
     if eager is not None:
