@@ -61,6 +61,21 @@ def all_paths(hidden: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(units_blocks, 1), torch.cat(start_blocks)
 
 
+_EXTENSION_DTYPES = (torch.float32, torch.float64)  # what `glai_ext::linear` runs
+_READY = False  # True once the extension's CPU kernels were found available
+
+
+def _extension_ready() -> bool:
+    """`fused.unavailable() is None`, asked until it is: the extension is built and loaded
+    once per process (extension_build.build is cached), so once available it stays so, and
+    a caller reading `_READY` first then spares the four calls of the question (per step,
+    see `PathSelector.forward`)."""
+    global _READY
+    if not _READY:
+        _READY = fused.unavailable() is None
+    return _READY
+
+
 _TILE_COLUMNS = 64  # a multiple of every instruction set's register tile width (kNR)
 
 
@@ -70,6 +85,14 @@ def _padded_columns(weight_t: torch.Tensor, bias: torch.Tensor | None
     pad = -weight_t.shape[1] % _TILE_COLUMNS
     weight_t = F.pad(weight_t, (0, pad)).contiguous()
     return weight_t, None if bias is None else F.pad(bias, (0, pad))
+
+
+def _kept_columns(weight: torch.Tensor, bias: torch.Tensor | None, units: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one hidden layer's weight [n1, n0] and bias [n1] reduced to the path columns'
+    units (units [1, P]), transposed to [n0, P] and padded to whole register tiles."""
+    return _padded_columns(weight.index_select(0, units[0]).t(),
+                           None if bias is None else bias.index_select(0, units[0]))
 
 
 class PathSelector(nn.Module):
@@ -158,11 +181,15 @@ class PathSelector(nn.Module):
 
     def _use_extension(self, x: torch.Tensor) -> bool:
         gemm = self.gemm
+        if gemm == "auto":  # the default first: one expression, in the order of the rule below
+            return (x.device.type == "cpu" and x.dtype in _EXTENSION_DTYPES
+                    and self._buffers["weight0"].dtype == x.dtype
+                    and not torch.compiler.is_compiling() and (_READY or _extension_ready()))
         if gemm not in GEMMS:
             raise ValueError(f"PathSelector.gemm must be one of {GEMMS}, got {gemm!r}")
         if gemm == "torch" or torch.compiler.is_compiling():
             return False
-        usable = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+        usable = (x.device.type == "cpu" and x.dtype in _EXTENSION_DTYPES
                   and self._buffers["weight0"].dtype == x.dtype)
         if gemm == "cpp":
             if not usable:
@@ -199,10 +226,14 @@ class PathSelector(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, n0] -> act [B, P], 0/1 (or dropout-scaled in training mode)."""
-        if x.dim() != 2 or x.shape[1] != self.widths[0]:
-            raise ValueError(f"x must be [B, {self.widths[0]}], got {list(x.shape)}")
+        widths = self.widths
+        if x.dim() != 2 or x.shape[1] != widths[0]:
+            raise ValueError(f"x must be [B, {widths[0]}], got {list(x.shape)}")
         buffers = self._buffers
-        if (self.hidden_layers == 1 and not (self.training and self.dropout[0] > 0)
+        # every Python line here costs ~3x its time alone inside a training step at the
+        # paper's B = 16 (docs/notes/pipeline.md, "The ordinary GLAI step, second pass (issue
+        # 41, stop 46)"): the one-hidden-layer case reads as few attributes as it can
+        if (len(widths) == 2 and not (self.training and self.dropout[0] > 0)
                 and self._use_extension(x)):
             # act[:, s] is unit units[0, s]'s gate: the column selection folded into the GEMM
             # (each column sums in the same order wherever it sits: the same bits as
@@ -210,12 +241,11 @@ class PathSelector(nn.Module):
             # tiles once here, so the kernel does not pad its last block on every call
             # (B1's P = 319: ≈ 9 µs a call; docs/notes/sparse.md, "The bias's update in one call,
             # and the selector's tiles")
-            weight, bias = self._derived(
-                "columns", (buffers["weight0"], buffers["bias0"], buffers["units"]),
-                lambda w, b, u: _padded_columns(w.index_select(0, u[0]).t(),
-                                                None if b is None else b.index_select(0, u[0])))
-            paths = buffers["units"].shape[1]
-            out = fused.linear(x.detach(), weight, bias, True)
+            units = buffers["units"]
+            weight, bias = self._derived("columns", (buffers["weight0"], buffers["bias0"],
+                                                     units), _kept_columns)
+            paths = units.shape[1]
+            out = fused.linear(x.detach() if x.requires_grad else x, weight, bias, True)
             return out if out.shape[1] == paths else out[:, :paths].contiguous()
         gates = self.gates(x)
         if self.training:

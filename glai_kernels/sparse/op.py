@@ -11,13 +11,22 @@ Zg [B, G] (layout.py), when `save` is true and the backend has a forward_saving;
 empty tensor. `save` has no default on purpose: the dispatcher drops an argument equal to
 its default, and the autograd wrapper for an op with a list input then expects one fewer
 gradient.
+
+An eager call on a SparsePathWeight (plain tensors, no autocast, mode or transform) remembers
+that its checks passed; the next such call with the same unedited index runs without
+`check_inputs`' Python ("eager calls on a SparsePathWeight checked before", below).
 """
 
 from __future__ import annotations
 
+import operator
 import os
+import weakref
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+from torch.autograd import forward_ad
 
 from glai_kernels import autocast, calls, dispatch, transforms
 from glai_kernels.autocast import autocast_dtype, autocast_inputs
@@ -165,6 +174,9 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     Shapes as `estimator`: x [B, I], act [B, P], sw (O, I, P) with values [K], bias [O] ->
     y [B, O]; the same checks of every argument, in the same order.
     """
+    y = _remembered_call(x, act, sw, bias, impl, backend)
+    if y is not None:
+        return y
     index, values = sw.index, sw.values
     dtype = autocast_dtype(x.device.type) if isinstance(x, torch.Tensor) else None
     if dtype is not None:
@@ -182,6 +194,7 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     if dtype is None and calls.eager_route(tensors):
         # plain tensors in eager mode: the op's work without its Python (calls.py)
         rest = (contiguous_index(index),)
+        _remember(sw, index, rest[0], x, shape)
         if not calls.records_gradient(tensors):
             return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
         return calls.record(_EagerSparse, impl, shape, (x, act, values), rest, bias,
@@ -200,6 +213,140 @@ def contiguous_index(index: KeptIndex) -> KeptIndex:
     if all(t.is_contiguous() for t in index):
         return index
     return KeptIndex(*(t.contiguous() for t in index))
+
+
+# ---- eager calls on a SparsePathWeight checked before ------------------------------------
+# In an ordinary training step at the paper's B = 16 the Python around the kernels costs 2-3x
+# what it costs timed alone (the step's working set evicts it between calls): `check_inputs`
+# measured ≈ 16 µs of the A2 step against ≈ 7 µs alone (docs/notes/pipeline.md, "The
+# ordinary GLAI step, second pass (issue 41, stop 46)"). An eager call on a SparsePathWeight
+# whose index passed `check_inputs` remembers that check: the next call with the same index
+# tensors, unedited (identity, version, data pointer, shape, as sparse/checked.py keys them),
+# and inputs the checks would pass runs without the checks' Python; anything else takes the
+# full path, whose checks raise the errors.
+
+
+class _Remembered(NamedTuple):
+    """What the last eager call on one SparsePathWeight found, kept for the next one."""
+
+    owner: weakref.ref  # the SparsePathWeight
+    tensors: tuple[torch.Tensor, ...]  # its index buffers as checked, in KeptIndex order
+    state: list  # (version, data pointer, shape) of each when checked
+    dtype: torch.dtype
+    device: torch.device
+    autocast: str | None  # the device type when torch.autocast has one for it
+    sizes: tuple[int, int, int, int, int]  # (O, I, P, K, G), none of them 0
+    bias_shape: torch.Size  # [O]
+    index: KeptIndex  # contiguous: what the backend gets
+
+
+# id(sw) -> what its last checked eager call found; a plain dict (WeakKeyDictionary's Python
+# get costs more), each entry dropped with its SparsePathWeight
+_REMEMBERED: dict[int, _Remembered] = {}
+
+
+def _index_state(tensors) -> list:
+    return [(t._version, t.data_ptr(), t.shape) for t in tensors]
+
+
+def _forget(key: int) -> Callable[[weakref.ref], None]:
+    def forget(ref: weakref.ref) -> None:
+        kept = _REMEMBERED.get(key)
+        if kept is not None and kept.owner is ref:
+            del _REMEMBERED[key]
+    return forget
+
+
+def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: torch.Tensor,
+              shape: SparseShape) -> None:
+    """Keep what an eager call on `sw` just checked (`check_inputs` passed for x's dtype
+    and device), when `index` is sw's own buffers, in order, and nothing is empty."""
+    tensors = tuple(sw._buffers.values())
+    if (len(tensors) != len(index) or not all(map(operator.is_, tensors, index))
+            or not (shape.outputs and shape.inputs and shape.paths and shape.nnz
+                    and shape.groups)
+            or any(type(t) is not torch.Tensor for t in tensors)):
+        return
+    try:
+        state = _index_state(tensors)
+    except RuntimeError:  # inference tensors keep no version counter: never remembered
+        return
+    device = x.device
+    kept = _REMEMBERED.get(id(sw))
+    owner = kept.owner if kept is not None and kept.owner() is sw else weakref.ref(
+        sw, _forget(id(sw)))
+    _REMEMBERED[id(sw)] = _Remembered(
+        owner, tensors, state, x.dtype, device,
+        device.type if device.type in autocast.AUTOCAST_DEVICES else None,
+        (shape.outputs, shape.inputs, shape.paths, shape.nnz, shape.groups),
+        torch.Size([shape.outputs]), contiguous)
+
+
+def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
+                     impl: Backend | None, backend: str | None) -> torch.Tensor | None:
+    """`run_resolved`'s y [B, O] for an eager call on `sw` after one that `_remember` saw
+    pass its checks: plain tensors, the same unedited index, no autocast, mode or transform,
+    and B > 0; None for anything else, and for inputs the checks would refuse (the full path
+    then checks them and raises its errors).
+
+    A backend with its own eager node (`Backend.eager`: the `cpp` backend's C++ node, whose
+    kernels' binding checks x, act and values against the index: ranks, dtypes, devices,
+    sizes) takes them unchecked here but for the bias (its node adds it with broadcasting)
+    and B; any RuntimeError of that call sends it to the full path. Other backends get the
+    checks in Python, against the remembered call's dtype, device and sizes."""
+    if torch.compiler.is_compiling():  # Dynamo traces the full path (and its checks)
+        return None
+    kept = _REMEMBERED.get(id(sw))
+    if kept is None or kept.owner() is not sw:
+        return None
+    values = sw._parameters.get("values")
+    tensors = tuple(sw._buffers.values())
+    if not (type(x) is torch.Tensor and type(act) is torch.Tensor
+            and type(values) in calls._PLAIN and (bias is None or type(bias) in calls._PLAIN)
+            and len(tensors) == len(kept.tensors)
+            and all(map(operator.is_, tensors, kept.tensors))
+            and [(t._version, t.data_ptr(), t.shape) for t in tensors] == kept.state
+            and (kept.autocast is None or not torch.is_autocast_enabled(kept.autocast))
+            # calls.eager_route's modes and calls.transformed, inline
+            and not (torch._C._len_torch_dispatch_stack()
+                     or torch._C._is_torch_function_mode_enabled()
+                     or torch._C._are_functorch_transforms_active()
+                     or forward_ad._current_level >= 0)):
+        return None
+    dtype, device = kept.dtype, kept.device
+    if impl is None:
+        # what resolving may assume; its own errors come after the checks', from the full path
+        if not (x.dtype is dtype and x.device == device and x.dim() == 2 and act.dim() == 2):
+            return None
+        try:
+            impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
+        except (ValueError, RuntimeError):
+            return None
+    rest = (kept.index,)
+    eager = impl.eager
+    if eager is not None:
+        if not (x.numel() > 0 and (bias is None or (bias.dtype is values.dtype
+                                                     and bias.shape == kept.bias_shape))):
+            return None
+        try:
+            return eager(x, act, values, bias, act.requires_grad and torch.is_grad_enabled(),
+                         *rest)
+        except RuntimeError:
+            return None
+    outputs, inputs, paths, nnz, groups = kept.sizes
+    if not (x.dtype is dtype and act.dtype is dtype and values.dtype is dtype
+            and x.dim() == 2 and act.dim() == 2 and values.dim() == 1
+            and x.shape[1] == inputs and act.shape[1] == paths and values.shape[0] == nnz
+            and act.shape[0] == x.shape[0] > 0
+            and x.device == device and act.device == device and values.device == device
+            and (bias is None or (bias.dtype is dtype and bias.shape == kept.bias_shape
+                                  and bias.device == device))):
+        return None
+    shape = SparseShape(x.shape[0], inputs, paths, outputs, nnz, groups)
+    if not calls.records_gradient((x, act, values, bias)):
+        return calls.direct_forward(impl, shape, (x, act, values), rest, bias)
+    return calls.record(_EagerSparse, impl, shape, (x, act, values), rest, bias,
+                        act.requires_grad)
 
 
 def _graph_backward(dy, x, act, values, index: KeptIndex, saved, needs, backend: str):
@@ -265,8 +412,12 @@ def resolve(backend: str | None, device: torch.device, dtype: torch.dtype,
     device the name is only validated, as the dense op does: the named backend, unchecked,
     or for "auto" `META_AUTO`, which stands for it (the fakes then save nothing).
     """
-    name = requested_name(backend)
-    if device.type == "meta":
+    meta = device.type == "meta"
+    # a name given is checked by Registry.resolve as requested_name would (the same error):
+    # three calls fewer on every forward (docs/notes/pipeline.md, "The ordinary GLAI step,
+    # second pass (issue 41, stop 46)")
+    name = requested_name(backend) if backend is None or meta else backend
+    if meta:
         return META_AUTO if name == AUTO else SPARSE_ESTIMATOR.get(name)
     return SPARSE_ESTIMATOR.resolve(name, device, dtype, call)
 

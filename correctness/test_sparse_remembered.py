@@ -1,0 +1,170 @@
+"""An eager call on a SparsePathWeight remembers that its checks passed (glai_kernels/sparse/
+op.py, `_remember` / `_remembered_call`): the next call with the same unedited index and
+inputs of the same kind skips `check_inputs`' Python; anything else takes the full path.
+
+- the remembered call gives the full path's y and gradients bit for bit, and `check_inputs`
+  does not run for it (it did before: this test fails on the code before stop 46);
+- an index buffer edited in place, replaced by `.data =` (no version bump) or by a new tensor
+  is checked again, and a corrupt one is refused with the full path's error;
+- inputs that differ from the remembered call's (dtype, sizes, bias, an empty batch, no
+  gradient, autocast) take the full path and its errors or results;
+- the memory does not keep a SparsePathWeight alive, and never holds an index of inference
+  tensors (no version counter).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from sparse_checker import sparse_problem
+
+import glai_kernels.sparse as sparse
+from glai_kernels.sparse import SPARSE_ESTIMATOR
+from glai_kernels.sparse import op as sparse_op
+from glai_kernels.sparse.layout import KeptIndex
+from glai_kernels.sparse.weight import SparsePathWeight
+
+pytestmark = pytest.mark.skipif(
+    SPARSE_ESTIMATOR.get("cpp").unsupported_reason("cpu", torch.float32) is not None,
+    reason="the sparse cpp backend is unavailable here")
+
+SHAPE = (11, 23, 17, 5)  # B, I, P, O: awkward sizes
+
+
+def _setup(dtype=torch.float32, seed=3):
+    x, act, values, index, dy = sparse_problem(*SHAPE, mu=0.35, dtype=dtype, seed=seed)
+    sw = SparsePathWeight(values.clone(), KeptIndex(*index))
+    bias = torch.randn(SHAPE[3], generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return x, act, sw, bias.requires_grad_(), dy
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many times the sparse op's `check_inputs` ran."""
+    calls = [0]
+    real = sparse_op.check_inputs
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_op, "check_inputs", counting)
+    return calls
+
+
+def _run(x, act, sw, bias, dy, backend="cpp"):
+    y = sparse.estimator(x, act, sw, bias, backend=backend)
+    leaves = [t for t in (act, sw.values, bias) if t.requires_grad]
+    return [y, *torch.autograd.grad(y, leaves, dy)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("act_grad", [False, True], ids=["values", "values+act"])
+def test_remembered_call_is_the_checked_call(counted, dtype, act_grad):
+    x, act, sw, bias, dy = _setup(dtype)
+    act.requires_grad_(act_grad)
+    first = _run(x, act, sw, bias, dy)
+    assert counted[0] == 1
+    second = _run(x.clone(), act, sw, bias, dy)  # another x of the same kind
+    assert counted[0] == 1, "the second call checked its inputs again"
+    assert second[0].grad_fn.name() == "glai::SparseEstimatorBackward"
+    for a, b in zip(first, second, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_remembered_without_gradients_and_with_resolution(counted):
+    """No gradient asked: the full path's direct forward, bit for bit; `run_resolved` without
+    a backend resolves; an unknown backend is refused as on the full path."""
+    x, act, sw, bias, _ = _setup()
+    with torch.no_grad():
+        expected = sparse.estimator(x, act, sw, bias, backend="cpp")  # checked: direct
+        y = sparse.estimator(x, act, sw, bias, backend="cpp")  # remembered
+    assert y.grad_fn is None and torch.equal(y, expected) and counted[0] == 1
+    y = sparse_op.run_resolved(x, act, sw, bias, None, "cpp")
+    assert torch.equal(y, expected) and counted[0] == 1
+    assert y.grad_fn.name() == "glai::SparseEstimatorBackward"
+    with pytest.raises(ValueError, match="unknown sparse_estimator backend 'nope'"):
+        sparse.estimator(x, act, sw, bias, backend="nope")
+    with pytest.raises(ValueError, match="x must be 2-d"):  # the checks' error comes first
+        sparse.estimator(x[0], act, sw, bias, backend="nope")
+
+
+@pytest.mark.parametrize("edit", ["in place", ".data", "new buffer"])
+def test_an_edited_index_is_checked_again(counted, edit):
+    x, act, sw, bias, dy = _setup()
+    _run(x, act, sw, bias, dy)
+    inputs = sw.inputs
+    if edit == "in place":
+        with torch.no_grad():
+            inputs[0] = SHAPE[1] + 5  # out of range
+    elif edit == ".data":  # no version bump: the data pointer and shape see it
+        inputs.data = torch.full_like(inputs, SHAPE[1] + 5)
+    else:
+        sw.inputs = torch.full_like(inputs, SHAPE[1] + 5)
+    with pytest.raises(ValueError, match="inputs"):
+        sparse.estimator(x, act, sw, bias, backend="cpp")
+    assert counted[0] == 2
+
+
+def test_an_unchanged_copy_is_checked_once_more(counted):
+    x, act, sw, bias, dy = _setup()
+    expected = _run(x, act, sw, bias, dy)
+    sw.inputs = sw.inputs.clone()  # the same contents, another tensor
+    for a, b in zip(expected, _run(x, act, sw, bias, dy), strict=True):
+        assert torch.equal(a, b)
+    _run(x, act, sw, bias, dy)
+    assert counted[0] == 2
+
+
+@pytest.mark.parametrize("case", ["dtype", "x width", "act rows", "act width", "bias size",
+                                  "bias dtype"])
+def test_other_inputs_take_the_full_path_and_its_errors(case):
+    x, act, sw, bias, dy = _setup()
+    _run(x, act, sw, bias, dy)
+    bad = {"dtype": lambda: (x.double(), act, bias),
+           "x width": lambda: (x[:, 1:], act, bias),
+           "act rows": lambda: (x, act[1:], bias),
+           "act width": lambda: (x, act[:, 1:], bias),
+           "bias size": lambda: (x, act, bias[1:]),
+           "bias dtype": lambda: (x, act, bias.double())}[case]()
+    sparse_op._REMEMBERED.clear()
+    with pytest.raises((ValueError, TypeError)) as without:
+        sparse.estimator(bad[0], bad[1], sw, bad[2], backend="cpp")
+    _run(x, act, sw, bias, dy)
+    with pytest.raises(type(without.value)) as remembered:
+        sparse.estimator(bad[0], bad[1], sw, bad[2], backend="cpp")
+    assert str(remembered.value) == str(without.value)
+
+
+def test_empty_batch_and_autocast_take_the_full_path():
+    x, act, sw, bias, dy = _setup()
+    _run(x, act, sw, bias, dy)
+    y = sparse.estimator(x[:0], act[:0], sw, bias, backend="cpp")
+    assert y.shape == (0, SHAPE[3]) and y.grad_fn.name() != "glai::SparseEstimatorBackward"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sparse.estimator(x, act, sw, bias, backend="cpp")
+    assert y.dtype == torch.bfloat16
+
+
+def test_the_memory_keeps_no_weight_alive():
+    x, act, sw, bias, dy = _setup()
+    _run(x, act, sw, bias, dy)
+    key = id(sw)
+    assert key in sparse_op._REMEMBERED
+    del sw
+    gc.collect()
+    assert key not in sparse_op._REMEMBERED
+
+
+def test_an_index_of_inference_tensors_is_never_remembered(counted):
+    """Inference tensors keep no version counter (sparse/checked.py): checked on every call."""
+    x, act, sw, _, _ = _setup()
+    with torch.inference_mode():
+        index = [t.clone() for t in sw.index]
+    sw = SparsePathWeight(sw.values.detach(), KeptIndex(*index))
+    expected = sparse.estimator(x, act, sw, backend="cpp")
+    assert torch.equal(sparse.estimator(x, act, sw, backend="cpp"), expected)
+    assert id(sw) not in sparse_op._REMEMBERED and counted[0] == 2
