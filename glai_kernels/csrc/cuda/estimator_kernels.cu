@@ -18,7 +18,9 @@
 //     overflows past 65504 where the exact result need not (the contract's float32
 //     accumulation forbids it); bfloat16 has float's range.
 //   - simt_gemm: the rest (float64, float16, float32 without TF32, bfloat16 below sm_80):
-//     64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the accumulation type.
+//     64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the accumulation type;
+//     but float32 without tensor cores at M, N >= 128 takes large_tile_gemm (simt_tile.cuh):
+//     128x128x8 tiles through the 3-stage ring, 8x8 outputs per thread, 128-bit shared reads.
 // Split-K: blockIdx.z takes a range of k tiles and writes partial sums to a workspace
 // [splits, M, N]; reduce_splits adds them in split order (deterministic, no atomics).
 // Indexing is int64 throughout; every launch is checked.
@@ -363,6 +365,10 @@ __device__ __forceinline__ void run_pipeline(const Op& op, Idx (*k_index)[BK], i
   __syncthreads();
 }
 
+// ---- the large-batch full-float32 tile: 128x128, 8x8 outputs a thread (issue 38) ----------
+
+#include "simt_tile.cuh"  // here: it uses Idx, split, stage_tile and run_pipeline above
+
 // ---- short chains at the paper's batch (M <= 32) -------------------------------------------
 
 constexpr int kChainBM = 32, kChainBN = 64, kChainThreads = 256, kChainBlocksPerSm = 4;
@@ -636,15 +642,19 @@ cudaError_t launch_typed(const glai_problem& p, glai_product product, int splits
   const Op op{operands<T>(p)};
   const int64_t M = op.M(), N = op.N(), K = op.K();
   if (M == 0 || N == 0) return cudaSuccess;
-  enum { kChain, kTensorCores, kSimt } kernel = kSimt;
+  enum { kChain, kTensorCores, kSimt, kTile } kernel = kSimt;
   if (Op::kBRaw && use_chains(product, M)) {
     kernel = kChain;
   } else if (TensorCoreArch<T>::value < (1 << 30) && use_tensor_cores<T>(p)) {
     kernel = kTensorCores;
   }
-  const int64_t bm = kernel == kChain ? kChainBM : kernel == kTensorCores ? kTcBM : kSimtBM;
-  const int64_t bn = kernel == kChain ? kChainBN : kernel == kTensorCores ? kTcBN : kSimtBN;
-  const int64_t bk = kernel == kChain         ? chain_bk(p.dtype)
+  if (kernel == kSimt && std::is_same_v<T, float> && large_tile_fits(M, N)) kernel = kTile;
+  const int64_t bm = kernel == kTile    ? kTileBM
+                     : kernel == kChain ? kChainBM : kernel == kTensorCores ? kTcBM : kSimtBM;
+  const int64_t bn = kernel == kTile    ? kTileBN
+                     : kernel == kChain ? kChainBN : kernel == kTensorCores ? kTcBN : kSimtBN;
+  const int64_t bk = kernel == kTile           ? kTileBK
+                     : kernel == kChain         ? chain_bk(p.dtype)
                      : kernel == kTensorCores ? tc_bk(p.dtype)
                                               : kSimtBK;
   const int64_t k_tiles = cdiv(K, bk) > 0 ? cdiv(K, bk) : 1;
@@ -673,6 +683,12 @@ cudaError_t launch_typed(const glai_problem& p, glai_product product, int splits
       auto* tensor_cores = &wmma_gemm<T, Op>;
       GLAI_LAUNCH(tensor_cores, grid, kTcThreads, stream, op, result, partial, per_split,
                   vector_b);
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel == kTile) {
+      auto* tile = &large_tile_gemm<Op>;
+      GLAI_LAUNCH(tile, grid, kTileThreads, stream, op, result, partial, per_split, vector_b);
     }
   }
   if (kernel == kSimt) {
@@ -748,6 +764,9 @@ extern "C" int glai_cuda_splits(const glai_problem* p, glai_product product, int
     const int64_t splits = fill < short_chains ? fill : short_chains;
     return static_cast<int>(splits < 1 ? 1 : splits > 65535 ? 65535 : splits);
   }
+  // full float32 at M, N >= 128: the 128x128 tile (simt_tile.cuh)
+  if (p->dtype == GLAI_FLOAT32 && p->allow_tf32 == 0 && large_tile_fits(m, n))
+    return large_tile_splits(m, n, k, sm_count);
   // the larger tiles of either other kernel, so the count holds for both
   const int64_t tiles = cdiv(m, 64) * cdiv(n, 64);
   const int64_t k_tiles = cdiv(k, 32);
