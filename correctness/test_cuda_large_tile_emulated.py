@@ -19,7 +19,16 @@ import ctypes
 
 import pytest
 import torch
-from cuda_emulated_kernels import PRODUCTS, inputs, load, oracle, products, sizes_problem
+from cuda_emulated_kernels import (
+    DTYPE_CODES,
+    PRODUCTS,
+    Problem,
+    inputs,
+    load,
+    oracle,
+    products,
+    sizes_problem,
+)
 
 from reference import tolerance
 from reference.tolerance import worst_error
@@ -101,16 +110,32 @@ def test_large_tile_misaligned_weight_takes_plain_loads(kernels):
 
 
 def test_large_tile_is_deterministic_and_split_order(kernels):
-    """Twice the same bits; and with 8 splits of y (K = 64: 8 k tiles, one a split) the
-    result is, bit for bit, the float32 sum in split order of the 8 one-tile problems."""
-    x, act, weight, dy = inputs(130, 8, 8, 131, F32, seed=13)
-    runs = [products(kernels, x, act, weight, dy, 8, names=("y",))["y"] for _ in range(2)]
-    assert torch.equal(runs[0], runs[1])
-    total = torch.zeros(130, 131)
-    for i in range(8):  # k tile i is input i: k = i * 8 + s
-        total = total + products(kernels, x[:, i:i + 1].contiguous(), act,
-                                 weight[:, i:i + 1].contiguous(), dy, 1, names=("y",))["y"]
-    assert torch.equal(runs[0], total)
+    """y with I = P = 8 (K = 64: k tile i of the tile's 8-wide tiles is input i) and 8 splits:
+    each split's partial sums in the workspace are, bit for bit, the one-input problem
+    y(x[:, i], w[:, i, :]) (so the 8-wide tile ran: the 16-wide simt_gemm would fill 4 of the
+    8 slabs), the result is their float32 sum in split order, and a second run gives the same
+    bits."""
+    batch, outputs = 130, 131
+    x, act, weight, dy = inputs(batch, 8, 8, outputs, F32, seed=13)
+    problem = Problem(x.data_ptr(), act.data_ptr(), weight.data_ptr(), dy.data_ptr(), batch, 8,
+                      8, outputs, DTYPE_CODES[F32], 0)
+    assert kernels.glai_cuda_workspace_elements(ctypes.byref(problem), PRODUCTS["y"], 8) == (
+        8 * batch * outputs)
+    runs = []
+    for _ in range(2):
+        y = torch.full((batch, outputs), float("nan"))
+        workspace = torch.full((8, batch, outputs), float("nan"))
+        assert kernels.glai_cuda_launch(ctypes.byref(problem), PRODUCTS["y"], 8, y.data_ptr(),
+                                        workspace.data_ptr(), None) == 0
+        runs.append((y, workspace))
+    assert torch.equal(runs[0][0], runs[1][0])
+    total = torch.zeros(batch, outputs)
+    for i in range(8):
+        part = products(kernels, x[:, i:i + 1].contiguous(), act,
+                        weight[:, i:i + 1].contiguous(), dy, 1, names=("y",))["y"]
+        assert torch.equal(runs[0][1][i], part), f"split {i}"
+        total = total + part
+    assert torch.equal(runs[0][0], total)
 
 
 def test_large_tile_split_rule(kernels):
