@@ -78,9 +78,9 @@ def test_large_tile_matches_oracle(kernels, product, shape, kind, splits):
 
 @pytest.mark.parametrize("deferred", [0, 1], ids=["copies-at-once", "copies-at-wait"])
 def test_large_tile_either_way_copies_land(kernels, deferred):
-    """Right whether a cp.async lands when issued or only at its wait: the four products of one
-    problem (y, dx, dact in 16-byte runs) with 2 splits, long enough chains for the ring to
-    cycle (dx: K = 5 * 12 = 60, 8 tiles, 4 a split)."""
+    """Right whether a cp.async lands when issued or only at its wait: y, dx and dact (the
+    products that copy the weight; here in 16-byte runs) with 2 splits, each split's chain
+    longer than the ring (dx: K = 5 * 132 = 660, 83 k tiles; y: K = 60, 8 tiles, 4 a split)."""
     kernels.glai_emulation_set_async_copies(deferred)
     try:
         x, act, weight, dy = inputs(130, 131, 132, 5, F32, seed=7)
@@ -98,15 +98,18 @@ def test_large_tile_either_way_copies_land(kernels, deferred):
 def test_large_tile_misaligned_weight_takes_plain_loads(kernels):
     """A weight 4 bytes past a 16-byte boundary has no 16-byte runs although K and P allow
     them: the tile must load it element by element (an emulated cp.async from it fails the
-    launch as a misaligned address)."""
-    x, act, weight, dy = inputs(130, 131, 132, 131, F32, seed=5)
-    storage = torch.empty(weight.numel() + 1)
-    shifted = storage[1:].view(weight.shape)
-    shifted.copy_(weight)
-    assert shifted.data_ptr() % 16 != 0
-    expected, scale = oracle(x, act, weight, dy)
-    got = products(kernels, x, act, shifted, dy, 2, names=("y", "dx", "dact"))
-    _check(got, expected, scale, "misaligned weight")
+    launch as a misaligned address). y, dx and dact at their "runs" shapes above."""
+    for product, shape, kind in CASES:
+        if kind != "runs":
+            continue
+        x, act, weight, dy = inputs(*shape, F32, seed=5)
+        storage = torch.empty(weight.numel() + 1)
+        shifted = storage[1:].view(weight.shape)
+        shifted.copy_(weight)
+        assert shifted.data_ptr() % 16 != 0
+        expected, scale = oracle(x, act, weight, dy)
+        got = products(kernels, x, act, shifted, dy, 2, names=(product,))
+        _check(got, expected, scale, "misaligned weight")
 
 
 def test_large_tile_is_deterministic_and_split_order(kernels):
