@@ -55,6 +55,48 @@ __device__ __forceinline__ Float4 load4(const float* p) {
 #endif
 }
 
+// y, dx and dact form A(m, k) = hi[m * hi_stride + k.hi] * lo[m * lo_stride + k.lo] (their
+// Ops' a(); the tests hold the two to the oracle). The tile stages it from a per-block table of
+// each row's two offsets: 64-bit multiplies once a block, not once an element (stage_tile's
+// general loop spends about 45 instructions an element, a fifth of the tile's issue slots).
+struct FormedA {
+  const float* hi;
+  const float* lo;
+  int64_t hi_stride, lo_stride;
+};
+__device__ inline FormedA formed_a(const YOp<float>& op) {
+  return {op.d.x, op.d.act, op.d.I, op.d.P};
+}
+__device__ inline FormedA formed_a(const DxOp<float>& op) {
+  return {op.d.dy, op.d.act, op.d.O, op.d.P};
+}
+__device__ inline FormedA formed_a(const DactOp<float>& op) {
+  return {op.d.dy, op.d.x, op.d.O, op.d.I};
+}
+
+// A's k tile [k0, k0 + BK) into a_s [BM][LDA]: a thread's elements share one column kk (one
+// split k), rows tid / BK + (kThreads / BK) r; `rows` holds each row's offsets (hi, lo).
+template <int BM, int BK, int LDA, int kThreads, class Op>
+__device__ __forceinline__ void stage_formed_a(const Op& op, float* a_s, const Idx* rows,
+                                               const Idx* k_index, int64_t m0, int64_t k0) {
+  static_assert(kThreads % BK == 0, "a thread keeps one column");
+  const FormedA f = formed_a(op);
+  const int tid = threadIdx.x, kk = tid % BK;
+  const Idx k = k_index[kk];
+  // rows of the tile inside M (0 where column kk is past K): one 32-bit bound in the loop
+  const int64_t left = k0 + kk < op.K() ? op.M() - m0 : 0;
+  const int rows_in = left < BM ? static_cast<int>(left) : BM;
+#pragma unroll 1
+  for (int mm = tid / BK; mm < BM; mm += kThreads / BK) {
+    float v = 0.0f;
+    if (mm < rows_in) {
+      const Idx r = rows[mm];
+      v = f.hi[r.hi + k.hi] * f.lo[r.lo + k.lo];
+    }
+    a_s[mm * LDA + kk] = v;
+  }
+}
+
 template <class Op>
 __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
     large_tile_gemm(Op op, float* __restrict__ out, float* __restrict__ workspace,
@@ -66,6 +108,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
   __shared__ __align__(128) unsigned char smem[kStages * (kABytes + kBBytes)];
   __shared__ Idx k_index[2][BK];
   __shared__ Idx n_index[BN];
+  __shared__ Idx rows[Op::kAAlongK ? BM : 1];  // A's row offsets (stage_formed_a)
   auto a_stage = [&](int s) { return reinterpret_cast<float*>(smem + s * (kABytes + kBBytes)); };
   auto b_stage = [&](int s) {
     return reinterpret_cast<float*>(smem + s * (kABytes + kBBytes) + kABytes);
@@ -79,6 +122,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
   const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
   const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
   if (tid < BN) n_index[tid] = split(n0 + tid, op.n_div());
+  if constexpr (Op::kAAlongK) {  // read after run_pipeline's first barrier
+    const FormedA f = formed_a(op);
+    if (tid < BM) rows[tid] = {(m0 + tid) * f.hi_stride, (m0 + tid) * f.lo_stride};
+  }
 
   const int ty = tid / 16, tx = tid % 16;
   // the thread's column j in the tile, by B's layout (see the top)
@@ -90,8 +137,14 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
     for (int j = 0; j < 8; ++j) c[i][j] = 0.0f;
 
   auto issue = [&](int64_t t, int s, const Idx* table) {
-    stage_tile<BM, BN, BK, LDA, LDB, kTileThreads>(op, a_stage(s), b_stage(s), table, n_index,
-                                                  m0, n0, t * BK, vector_b);
+    if constexpr (Op::kAAlongK) {  // A from the row table, then B alone (BM = 0: no A)
+      stage_formed_a<BM, BK, LDA, kTileThreads>(op, a_stage(s), rows, table, m0, t * BK);
+      stage_tile<0, BN, BK, LDA, LDB, kTileThreads>(op, a_stage(s), b_stage(s), table, n_index,
+                                                   m0, n0, t * BK, vector_b);
+    } else {  // dweight: A is dy itself, B the formed operand
+      stage_tile<BM, BN, BK, LDA, LDB, kTileThreads>(op, a_stage(s), b_stage(s), table,
+                                                    n_index, m0, n0, t * BK, vector_b);
+    }
   };
   auto compute = [&](int s) {
     const float* a_s = a_stage(s);
