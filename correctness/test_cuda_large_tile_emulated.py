@@ -43,6 +43,16 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     return lib
 
 
+def _guarded(t: torch.Tensor, guard: int = 64) -> torch.Tensor:
+    """t's values at the start of a buffer whose `guard` elements after it are NaN: a kernel
+    that reads past the end of x, act or dy (a k past K) multiplies a NaN, which shows in the
+    result even where it meets a zero."""
+    buffer = torch.full((t.numel() + guard,), float("nan"), dtype=t.dtype)
+    view = buffer[:t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
 def _check(got: dict[str, torch.Tensor], expected, scale, label: str) -> None:
     for name, value in got.items():
         error = worst_error(value, expected[name], scale[name])
@@ -69,9 +79,10 @@ CASES = [
                          ids=[f"{p}-{'x'.join(map(str, s))}-{k}" for p, s, k in CASES])
 def test_large_tile_matches_oracle(kernels, product, shape, kind, splits):
     """Against the float64 oracle at float32's tolerance, with 1 split, 3 (8 k tiles: 3, 3,
-    2) and 8 (one k tile each, the ring never full)."""
+    2) and 8 (one k tile each, the ring never full); x, act and dy followed by NaNs."""
     x, act, weight, dy = inputs(*shape, F32, seed=sum(shape) + splits)
     expected, scale = oracle(x, act, weight, dy)
+    x, act, dy = (_guarded(t) for t in (x, act, dy))
     got = products(kernels, x, act, weight, dy, splits, names=(product,))
     _check(got, expected, scale, f"{kind}, {splits} splits")
 
