@@ -8,9 +8,10 @@
 //     thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs (8 FMAs per
 //     value read; the 64x64 simt_gemm tile does 4x4 outputs a thread, 2 per value).
 //   - 8-wide k tiles through the 3-stage ring (run_pipeline): the weight (y, dx, dact) by
-//     16-byte cp.async where its rows come in 16-byte runs, the formed operand (x act, dy act,
-//     dy x; dy and x act for dweight) by the threads (stage_tile). 3 stages of A [128][12] and
-//     B [128][12] or [8][132] floats: 36 KB, two blocks an SM (launch bound: 128 registers).
+//     16-byte cp.async where its rows come in 16-byte runs (stage_tile), the formed operand by
+//     the threads: x act, dy act, dy x from a table of row offsets (stage_formed_a), dy and
+//     x act for dweight by stage_tile. 3 stages of A [128][12] and B [128][12] or [8][132]
+//     floats: 30-36 KB, two blocks an SM (launch bound: 128 registers).
 //   - Every operand row is read as 16-byte vectors without bank conflicts. A is stored
 //     [m][k] with rows of 12 floats (8 + 4 padding); thread (ty, tx) takes rows ty + 16 i, so a
 //     warp's 32 threads read 2 rows (a broadcast). B along k (y, dx) is stored [n][k], rows of
