@@ -183,6 +183,20 @@ struct DweightOp {  // dweight[o, i*P + s] = sum_b dy[b,o] (x[b,i] act[b,s])
 
 // ---- CUDA-core kernel ------------------------------------------------------------------
 
+// A block's place in the grid: its output tile's first row m0 and column n0, and the k tiles
+// [t_begin, t_end) of its split (tiles_per_split from blockIdx.z on, the last split shorter).
+struct BlockSpan {
+  int64_t m0, n0, t_begin, t_end;
+};
+template <int BM, int BN, int BK>
+__device__ inline BlockSpan block_span(int64_t K, int64_t tiles_per_split) {
+  const int64_t k_tiles = cdiv(K, BK);
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
+  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
+  return {static_cast<int64_t>(blockIdx.y) * BM, static_cast<int64_t>(blockIdx.x) * BN, t_begin,
+          t_end};
+}
+
 constexpr int kSimtBM = 64, kSimtBN = 64, kSimtBK = 16, kSimtThreads = 256;
 // Launch bounds name the blocks per SM wanted (2 here, 4 for wmma_gemm: 128 registers at most):
 // with the thread count alone, ptxas 13 aimed at fewer registers and spilled a few bytes.
@@ -202,11 +216,8 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
 
   const int tid = threadIdx.x;
   const int64_t M = op.M(), N = op.N(), K = op.K();
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN;
-  const int64_t k_tiles = cdiv(K, BK);
-  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
-  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
+  const BlockSpan span = block_span<BM, BN, BK>(K, tiles_per_split);
+  const int64_t m0 = span.m0, n0 = span.n0;
   if (tid < BN) n_index[tid] = split(n0 + tid, op.n_div());
 
   const int ty = tid / 16, tx = tid % 16;
@@ -216,7 +227,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
 #pragma unroll
     for (int j = 0; j < 4; ++j) c[i][j] = acc(0);
 
-  for (int64_t t = t_begin; t < t_end; ++t) {
+  for (int64_t t = span.t_begin; t < span.t_end; ++t) {
     const int64_t k0 = t * BK;
     if (tid < BK) k_index[tid] = split(k0 + tid, op.k_div());
     __syncthreads();

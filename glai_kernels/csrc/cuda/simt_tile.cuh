@@ -1,7 +1,7 @@
 // The large-batch full-float32 tile (issue 38): float32 on CUDA cores, no TF32, at sizes where
 // a 128x128 output tile is filled (M and N at least 128). Included by estimator_kernels.cu
-// inside its anonymous namespace, after what it uses: Idx/split, Num, cdiv, kStages,
-// stage_tile and run_pipeline.
+// inside its anonymous namespace, after what it uses: Idx/split, Num, cdiv, BlockSpan, the Ops,
+// kStages, stage_tile and run_pipeline.
 //
 // Shape and why:
 //   - 128x128 outputs a block, 256 threads, 8x8 outputs a thread in registers: per k step a
@@ -117,11 +117,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
 
   const int tid = threadIdx.x;
   const int64_t M = op.M(), N = op.N(), K = op.K();
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN;
-  const int64_t k_tiles = cdiv(K, BK);
-  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
-  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
+  const BlockSpan span = block_span<BM, BN, BK>(K, tiles_per_split);
+  const int64_t m0 = span.m0, n0 = span.n0;
   if (tid < BN) n_index[tid] = split(n0 + tid, op.n_div());
   if constexpr (Op::kAAlongK) {  // read after run_pipeline's first barrier
     const FormedA f = formed_a(op);
@@ -180,7 +177,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm)
       }
     }
   };
-  run_pipeline<BK, kTileThreads>(op, k_index, t_begin, t_end, issue, compute);
+  run_pipeline<BK, kTileThreads>(op, k_index, span.t_begin, span.t_end, issue, compute);
 
   // float32 out and workspace alike: one destination, a row pointer per row (64-bit
   // addresses for each of the 64 outputs made ptxas spill)
