@@ -25,7 +25,9 @@
 //     dweight stays on CUDA cores. bfloat16 has float's range.
 //   - simt_gemm: the rest (float64, float16 dweight, float32 without TF32, the half types
 //     below sm_80): 64x64x16 tiles, 256 threads, 4x4 outputs per thread, FMA in the
-//     accumulation type.
+//     accumulation type; but float32 without tensor cores at M, N >= 128 takes
+//     large_tile_gemm (simt_tile.cuh): 128x128x8 tiles through the 3-stage ring, 8x8 outputs
+//     per thread, 128-bit shared reads.
 // Split-K: blockIdx.z takes a range of k tiles and writes partial sums to a workspace
 // [splits, M, N]; reduce_splits adds them in split order (deterministic, no atomics).
 // Indexing is int64 throughout; every launch is checked.
@@ -194,6 +196,20 @@ struct DweightOp {  // dweight[o, i*P + s] = sum_b dy[b,o] (x[b,i] act[b,s])
 
 // ---- CUDA-core kernel ------------------------------------------------------------------
 
+// A block's place in the grid: its output tile's first row m0 and column n0, and the k tiles
+// [t_begin, t_end) of its split (tiles_per_split from blockIdx.z on, the last split shorter).
+struct BlockSpan {
+  int64_t m0, n0, t_begin, t_end;
+};
+template <int BM, int BN, int BK>
+__device__ inline BlockSpan block_span(int64_t K, int64_t tiles_per_split) {
+  const int64_t k_tiles = cdiv(K, BK);
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
+  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
+  return {static_cast<int64_t>(blockIdx.y) * BM, static_cast<int64_t>(blockIdx.x) * BN, t_begin,
+          t_end};
+}
+
 constexpr int kSimtBM = 64, kSimtBN = 64, kSimtBK = 16, kSimtThreads = 256;
 // Launch bounds name the blocks per SM wanted (2 here, 4 for wmma_gemm: 128 registers at most):
 // with the thread count alone, ptxas 13 aimed at fewer registers and spilled a few bytes.
@@ -213,11 +229,8 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
 
   const int tid = threadIdx.x;
   const int64_t M = op.M(), N = op.N(), K = op.K();
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN;
-  const int64_t k_tiles = cdiv(K, BK);
-  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
-  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
+  const BlockSpan span = block_span<BM, BN, BK>(K, tiles_per_split);
+  const int64_t m0 = span.m0, n0 = span.n0;
   if (tid < BN) n_index[tid] = split(n0 + tid, op.n_div());
 
   const int ty = tid / 16, tx = tid % 16;
@@ -227,7 +240,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
 #pragma unroll
     for (int j = 0; j < 4; ++j) c[i][j] = acc(0);
 
-  for (int64_t t = t_begin; t < t_end; ++t) {
+  for (int64_t t = span.t_begin; t < span.t_end; ++t) {
     const int64_t k0 = t * BK;
     if (tid < BK) k_index[tid] = split(k0 + tid, op.k_div());
     __syncthreads();
@@ -375,6 +388,10 @@ __device__ __forceinline__ void run_pipeline(const Op& op, Idx (*k_index)[BK], i
   glai_async::wait<0>();
   __syncthreads();
 }
+
+// ---- the large-batch full-float32 tile: 128x128, 8x8 outputs a thread (issue 38) ----------
+
+#include "simt_tile.cuh"  // here: it uses Idx, split, stage_tile and run_pipeline above
 
 // ---- short chains at the paper's batch (M <= 32) -------------------------------------------
 
@@ -750,15 +767,19 @@ cudaError_t launch_typed(const glai_problem& p, glai_product product, int splits
   const Op op{operands<T>(p)};
   const int64_t M = op.M(), N = op.N(), K = op.K();
   if (M == 0 || N == 0) return cudaSuccess;
-  enum { kChain, kTensorCores, kSimt } kernel = kSimt;
+  enum { kChain, kTensorCores, kSimt, kTile } kernel = kSimt;
   if (Op::kBRaw && use_chains(product, M)) {
     kernel = kChain;
   } else if (TensorCoreArch<T>::value < (1 << 30) && use_tensor_cores<T, Op>(p)) {
     kernel = kTensorCores;
   }
-  const int64_t bm = kernel == kChain ? kChainBM : kernel == kTensorCores ? kTcBM : kSimtBM;
-  const int64_t bn = kernel == kChain ? kChainBN : kernel == kTensorCores ? kTcBN : kSimtBN;
-  const int64_t bk = kernel == kChain         ? chain_bk(p.dtype)
+  if (kernel == kSimt && std::is_same_v<T, float> && large_tile_fits(M, N)) kernel = kTile;
+  const int64_t bm = kernel == kTile    ? kTileBM
+                     : kernel == kChain ? kChainBM : kernel == kTensorCores ? kTcBM : kSimtBM;
+  const int64_t bn = kernel == kTile    ? kTileBN
+                     : kernel == kChain ? kChainBN : kernel == kTensorCores ? kTcBN : kSimtBN;
+  const int64_t bk = kernel == kTile           ? kTileBK
+                     : kernel == kChain         ? chain_bk(p.dtype)
                      : kernel == kTensorCores ? tc_bk(p.dtype)
                                               : kSimtBK;
   const int64_t k_tiles = cdiv(K, bk) > 0 ? cdiv(K, bk) : 1;
@@ -787,6 +808,12 @@ cudaError_t launch_typed(const glai_problem& p, glai_product product, int splits
       auto* tensor_cores = &wmma_gemm<T, Op>;
       GLAI_LAUNCH(tensor_cores, grid, kTcThreads, stream, op, result, partial, per_split,
                   vector_b);
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel == kTile) {
+      auto* tile = &large_tile_gemm<Op>;
+      GLAI_LAUNCH(tile, grid, kTileThreads, stream, op, result, partial, per_split, vector_b);
     }
   }
   if (kernel == kSimt) {
@@ -862,6 +889,9 @@ extern "C" int glai_cuda_splits(const glai_problem* p, glai_product product, int
     const int64_t splits = fill < short_chains ? fill : short_chains;
     return static_cast<int>(splits < 1 ? 1 : splits > 65535 ? 65535 : splits);
   }
+  // full float32 at M, N >= 128: the 128x128 tile (simt_tile.cuh)
+  if (p->dtype == GLAI_FLOAT32 && p->allow_tf32 == 0 && large_tile_fits(m, n))
+    return large_tile_splits(m, n, k, sm_count);
   // the larger tiles of either other kernel, so the count holds for both
   const int64_t tiles = cdiv(m, 64) * cdiv(n, 64);
   const int64_t k_tiles = cdiv(k, 32);
