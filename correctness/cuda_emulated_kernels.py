@@ -1,10 +1,12 @@
 """The emulated CUDA estimator kernels through their C interface, for the emulated suites.
 
-`load` builds glai_kernels/csrc/cuda/estimator_kernels.cu against correctness/cuda_emulation/
-(emulated_build.py) and declares the C functions of estimator_kernels.cuh; `products` runs
-them as the binding does (a workspace when split), `oracle` gives the float64 results and the
-error scales they are measured on (reference.tolerance). The same calls as
-test_cuda_emulated.py's, which predates this module.
+A non-test module so that more than one test file can load estimator_kernels.cu the same way
+(test files may not import each other: test_import_graph.py). `load` builds
+glai_kernels/csrc/cuda/estimator_kernels.cu (or a wrapper that defines a planted bug and
+includes it) against correctness/cuda_emulation/ (emulated_build.py) and declares the C
+functions of estimator_kernels.cuh; `products` runs them as the binding does (a workspace when
+split), `oracle` gives the float64 results and the error scales they are measured on
+(reference.tolerance). The same calls as test_cuda_emulated.py's, which predates this module.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ class Problem(ctypes.Structure):
                 ("allow_tf32", ctypes.c_int)]
 
 
-def load(work: Path) -> ctypes.CDLL:
-    """The emulated kernels built in `work`, their C functions declared (pytest.skip where the
-    toolchain cannot build them)."""
-    lib = build_emulated(SOURCE, work, "glai_cuda_emulated")
+def load(work: Path, source: Path = SOURCE, name: str = "glai_cuda_emulated") -> ctypes.CDLL:
+    """The emulated kernels of `source` built in `work` as library `name`, their C functions
+    declared (pytest.skip where the toolchain cannot build them)."""
+    lib = build_emulated(source, work, name)
     problem = ctypes.POINTER(Problem)
     lib.glai_cuda_splits.restype = ctypes.c_int
     lib.glai_cuda_splits.argtypes = [problem, ctypes.c_int, ctypes.c_int]

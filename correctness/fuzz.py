@@ -13,7 +13,8 @@ kernels:
 - triton under the interpreter (backends/triton_fused.py, `*_config`): B tiles up to 64
   (dweight's up to 32), O up to 128 (float64: 32), P up to 128, K = I·P up to 4096 (float64:
   256), split over K once K spans 8 of those tiles: two large axes I and P reach it.
-- cuda (csrc/cuda/estimator_kernels.cu): 64 x 64 tiles, K steps of 16 and 32.
+- cuda (csrc/cuda/estimator_kernels.cu): 64 x 64 tiles (128 x 128 for full float32 at M, N >= 128,
+  simt_tile.cuh), K steps of 8, 16 and 32.
 
 Layouts: each input, and dy, is contiguous, a strided view (every other element of a
 buffer twice as wide, or its dimensions reversed in memory) or an expanded one (stride 0

@@ -19,7 +19,7 @@ import ctypes
 
 import pytest
 import torch
-from cuda_emulated_estimator import OUT_KEYS, SOURCE, load, oracle, products
+from cuda_emulated_kernels import SOURCE, load, oracle, products
 
 from reference import make_inputs, tolerance
 from reference.tolerance import worst_error
@@ -29,7 +29,7 @@ H = torch.float16
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> ctypes.CDLL:
-    return load(SOURCE, tmp_path_factory.mktemp("fp16_tc"), "glai_fp16_tc")
+    return load(tmp_path_factory.mktemp("fp16_tc"), name="glai_fp16_tc")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def unscaled(tmp_path_factory) -> ctypes.CDLL:
     work = tmp_path_factory.mktemp("fp16_tc_planted")
     wrapper = work / "planted.cu"
     wrapper.write_text(f'#define GLAI_PLANT_FP16_UNSCALED 1\n#include "{SOURCE}"\n')
-    return load(wrapper, work, "glai_fp16_tc_planted")
+    return load(work, wrapper, "glai_fp16_tc_planted")
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +68,7 @@ def _inputs(batch, inputs, paths, outputs, seed, row_exponents=(0,), weight_expo
 
 def _errors(got, x, act, weight, dy):
     expected, scale = oracle(x, act, weight, dy)
-    return {name: worst_error(value, expected[OUT_KEYS[name]], scale[OUT_KEYS[name]])
+    return {name: worst_error(value, expected[name], scale[name])
             for name, value in got.items()}
 
 
