@@ -8,7 +8,7 @@
 # device tool's limit).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
-#     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 TC_S=60 KEPT_S=90 PIPE_S=90 \
+#     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 TC_S=75 KEPT_S=90 PIPE_S=90 \
 #       bash bench/tools/on_gpu.sh
 #         # the defaults on CUDA: build (at most BUILD_S=200), then the tests get what the later
 #         # steps' shares leave, at most TEST_S
@@ -18,12 +18,14 @@
 #         at ENERGY_HEADS (default A1,A2,C1,B1), B = ENERGY_BATCHES (16), float32; ENERGY_S=0:
 #         none (the default off CUDA). The kernel sweep itself reads no energy. Its report is
 #         bench_cuda/energy/ in the archive.
-#     TC_S=60 ...   # the default on CUDA (0 elsewhere): after the energy step, issue 38's
+#     TC_S=75 ...   # the default on CUDA (0 elsewhere): after the energy step, issue 38's
 #         tensor-core cells in a run of their own: float32 with TF32 allowed (`glai-bench run
-#         --matmul-precision high`, for the `cuda` kernels and cuBLAS alike) and float16, at
-#         TC_HEADS (default A1,B1,A2,C1,C2; A1 first: its TF32 target) and B = TC_BATCHES
-#         (4096,256), forward and both; torch against cuda; the report is bench_cuda/tensor_cores/
-#         in the archive (full float32 and bfloat16 at those batches are in the kernel sweep)
+#         --matmul-precision high`, for the `cuda` kernels and cuBLAS alike), float16 and
+#         bfloat16, at TC_HEADS (default A1,A2,C1,C2: A1's TF32 target, the bfloat16 target's
+#         heads) and B = TC_BATCHES (4096,256), forward and both, from the `full` preset's heads
+#         sweep (TC_PRESET; the kernel sweep's preset has bfloat16 at B 16/32 only); torch
+#         against cuda; its report is bench_cuda/tensor_cores/ in the archive (full float32 at
+#         those batches is in the kernel sweep)
 #     TRITON_S=150 TRITON_HEADS=A1,C2 bash bench/tools/on_gpu.sh   # and a triton run of its own
 #     TRITON_BATCHES=16 ...     # (its batches; default 16,256,4096; TRITON_PRESET the preset
 #         they are taken from, default `default`): its tuning starts cold
@@ -52,7 +54,8 @@
 # longer):
 #     OUT=/tmp/on_gpu_dry TOTAL_S=230 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
-#       TC_S=30 TC_HEADS=A1 TC_BATCHES=16 TC_BACKENDS=torch \
+#       TC_S=30 TC_PRESET=quick TC_HEADS=A1 TC_BATCHES=16 TC_DTYPES=float32,float16 \
+#       TC_BACKENDS=torch \
 #       PIPE_S=60 PIPE_UNIT_S=30 bash bench/tools/on_gpu.sh
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
@@ -69,7 +72,7 @@ TEST_S=${TEST_S:-120}
 PIPE_S=${PIPE_S:-90}
 ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 )}
 KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
-TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 )}
+TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 75 || echo 0 )}
 BENCH_MIN_S=${BENCH_MIN_S:-120}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -170,7 +173,7 @@ fi
 if [ "$TC_S" -gt 0 ]; then
   # tensor cores (issue 38): TF32 is a process-wide torch setting, so a run of its own; the
   # oracle judges those float32 rows at TF32's tolerance (bench/harness/oracle.py)
-  step "tensor cores: TF32 and float16 at ${TC_HEADS:-A1,B1,A2,C1,C2}, B ${TC_BATCHES:-4096,256}" \
+  step "tensor cores: TF32, float16, bfloat16 at ${TC_HEADS:-A1,A2,C1,C2}, B ${TC_BATCHES:-4096,256}" \
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
   [ "$budget" -gt "$TC_S" ] && budget=$TC_S
@@ -178,9 +181,9 @@ if [ "$TC_S" -gt 0 ]; then
   if [ "$budget" -ge 30 ]; then
     rm -rf /tmp/bench_cuda/tensor_cores
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
-      --preset "${BENCH_PRESET:-default}" --sweeps heads --matmul-precision high \
-      --heads "${TC_HEADS:-A1,B1,A2,C1,C2}" --batches "${TC_BATCHES:-4096,256}" \
-      --dtypes float32,float16 --passes forward,both --peers none \
+      --preset "${TC_PRESET:-full}" --sweeps heads --matmul-precision high \
+      --heads "${TC_HEADS:-A1,A2,C1,C2}" --batches "${TC_BATCHES:-4096,256}" \
+      --dtypes "${TC_DTYPES:-float32,float16,bfloat16}" --passes forward,both --peers none \
       --backends "${TC_BACKENDS:-torch,cuda}" --rounds 3 --min-time 0.05 --energy-window 0 \
       --time-limit $(( budget - margin )) --out /tmp/bench_cuda/tensor_cores \
       --no-history --no-plots >>"$OUT/bench.log" 2>&1
