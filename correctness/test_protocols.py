@@ -1,4 +1,4 @@
-"""The pipeline's two protocols (glai/protocol.py; /work/shared/SPEC.md §6): the engineered
+"""The pipeline's two protocols (glai/protocol.py; docs/ARCHITECTURE.md §4): the engineered
 steps compute the ordinary steps' updates (so both protocols share one training run per model
 and differ only in the cost per epoch), and the reports carry both."""
 

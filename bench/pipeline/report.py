@@ -4,7 +4,7 @@ times), Tables 4-5 (paired one-sided Wilcoxon tests), the pruning comparison and
 Files written into the output folder: README.md (what was run, on what data, the headline
 numbers), table3.md/.csv, figure5.png, wilcoxon.md/.csv, pruning.md, convergence.png,
 results.json (every record, for re-analysis). Two protocols (glai_kernels/glai/protocol.py;
-/work/shared/SPEC.md §6): the paper protocol (every model in the ordinary loop) is the
+docs/ARCHITECTURE.md §4): the paper protocol (every model in the ordinary loop) is the
 headline and writes the files above; the engineered protocol (every model with its fastest
 step) writes table3_engineered.md/.csv, figure5_engineered.png and wilcoxon_engineered.md/
 .csv from the same records (`protocol_records`), and both are in README.md.

@@ -1,5 +1,5 @@
 """Engineered training steps for the MLPs GLAI is compared with (docs/ARCHITECTURE.md §4,
-/work/shared/SPEC.md §6 "Comparing like with like"): the MLP's counterparts of GLAI's
+docs/ARCHITECTURE.md §4 "Comparing like with like"): the MLP's counterparts of GLAI's
 `FusedSparseStep`, so that the engineered protocol gives both sides the same treatment.
 
 `HandFusedMLPStep(model, optimizer)`: the ordinary step's arithmetic without autograd over the

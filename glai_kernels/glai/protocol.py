@@ -32,7 +32,7 @@ a CPU device, wall on an accelerator). For GLAI `time` = t_reduced + t_convert +
 t_estimator and `seconds` = wall_reduced + wall_convert + wall_estimator. `capped` says the
 run stopped on the epoch cap, not on early stopping.
 
-Two protocols (/work/shared/SPEC.md §6, "Comparing like with like"), priced from the same
+Two protocols (docs/ARCHITECTURE.md §4, "Comparing like with like"), priced from the same
 training runs: training is deterministic and each protocol's steps compute the same updates
 (to rounding; correctness/test_protocols.py), so they share every model's epochs and differ
 only in the cost per epoch, each measured by its own interleaved probes:

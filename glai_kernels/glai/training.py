@@ -102,8 +102,8 @@ def on_torch_gemm(model: nn.Module) -> nn.Module:
     (`PathSelector.gemm = "torch"`, F.linear), as the paper's reduced MLP layer ran and as
     the MLPs' own nn.Linear layers run in the same protocol; the extension's GEMM (about 2x
     torch's at the paper's batch on CPU, docs/notes/sparse.md, "The selector's GEMM (stop
-    21)") is engineering the MLP's ordinary loop does not get (SPEC's fair comparison).
-    Any other model is returned itself. The copy's parameters are its own."""
+    21)") is engineering the MLP's ordinary loop does not get (docs/ARCHITECTURE.md §4, the
+    fair comparison). Any other model is returned itself. The copy's parameters are its own."""
     from glai_kernels.glai.selector import PathSelector
 
     if not any(isinstance(m, PathSelector) for m in model.modules()):

@@ -1,6 +1,6 @@
 // The engineered protocol's training steps, both sides alike, each as two extension calls: one
 // for the model's forward, one for its backward and the optimizer's update (issue 41;
-// /work/shared/SPEC.md §6: "both with the fastest step this project can build"). The loss stays
+// docs/ARCHITECTURE.md §4: "both with the fastest step this project can build"). The loss stays
 // in Python (any loss, autograd over it alone, to the model's output y); what the two calls
 // replace is the Python and the op dispatches around the same kernels:
 //
