@@ -210,6 +210,20 @@ __device__ inline BlockSpan block_span(int64_t K, int64_t tiles_per_split) {
           t_end};
 }
 
+// One output element (m, n) of an M x N product: its split's partial sum into the workspace
+// [splits, M, N] when the reduction is split (reduce_splits adds them), else the result itself,
+// rounded once to the output type.
+template <typename T>
+__device__ inline void store_result(T* __restrict__ out,
+                                    typename Num<T>::acc* __restrict__ workspace, int64_t M,
+                                    int64_t N, int64_t m, int64_t n, typename Num<T>::acc v) {
+  if (workspace != nullptr) {
+    workspace[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = v;
+  } else {
+    out[m * N + n] = Num<T>::out(v);
+  }
+}
+
 constexpr int kSimtBM = 64, kSimtBN = 64, kSimtBK = 16, kSimtThreads = 256;
 // Launch bounds name the blocks per SM wanted (2 here, 4 for wmma_gemm: 128 registers at most):
 // with the thread count alone, ptxas 13 aimed at fewer registers and spilled a few bytes.
@@ -281,12 +295,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-      if (m >= M || n >= N) continue;
-      if (workspace != nullptr) {
-        workspace[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = c[i][j];
-      } else {
-        out[m * N + n] = Num<T>::out(c[i][j]);
-      }
+      if (m < M && n < N) store_result(out, workspace, M, N, m, n, c[i][j]);
     }
   }
 }
@@ -471,12 +480,7 @@ __global__ void __launch_bounds__(kChainThreads, kChainBlocksPerSm)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-      if (m >= M || n >= N) continue;
-      if (workspace != nullptr) {
-        workspace[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = c[i][j];
-      } else {
-        out[m * N + n] = Num<T>::out(c[i][j]);
-      }
+      if (m < M && n < N) store_result(out, workspace, M, N, m, n, c[i][j]);
     }
   }
 }
@@ -698,11 +702,7 @@ __global__ void __launch_bounds__(kTcThreads, 4)
       if (m >= M || n >= N) continue;
       float v = c_tile[mm * LDC + nn];
       if constexpr (kRowScaled<T>) v *= row_scale[1][mm];  // exact, before any rounding
-      if (workspace != nullptr) {
-        workspace[(static_cast<int64_t>(blockIdx.z) * M + m) * N + n] = v;
-      } else {
-        out[m * N + n] = Num<T>::out(v);
-      }
+      store_result(out, workspace, M, N, m, n, v);
     }
   }
 }
