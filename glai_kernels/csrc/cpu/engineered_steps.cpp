@@ -46,11 +46,31 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "kernels.h"  // glai_cpu::kernels<T>().linear: the register tile the products run on
+#include "isa.h"      // the ISA ladder (GLAI_X86)
+#include "kernels.h"  // glai_cpu::Problem, glai_cpu::isa(), the dense binding's task runner
+
+// kernels.inc's `product` (linear's register tile, whole tiles stored in place), compiled and
+// instantiated once per instruction set by cpu_dispatch.cpp; the set in use is the one
+// glai_cpu::isa() names, as for the extension's other kernels.
+#if GLAI_X86
+namespace glai_cpu::avx512 {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::avx512
+namespace glai_cpu::avx2 {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::avx2
+#endif  // GLAI_X86
+namespace glai_cpu::portable {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::portable
 
 namespace glai_ext {
 namespace {
@@ -196,7 +216,21 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
 }
 
-// out [m, n] = a [m, k] b [k, n] on the extension's register tile (glai_ext::linear's kernel:
+template <class T>
+using ProductFn = int (*)(const glai_cpu::Problem<T>&, T*);
+
+template <class T>
+ProductFn<T> pick_product() {
+  const char* isa = glai_cpu::isa();
+#if GLAI_X86
+  if (std::strcmp(isa, "avx512") == 0) return &glai_cpu::avx512::product<T>;
+  if (std::strcmp(isa, "avx2") == 0) return &glai_cpu::avx2::product<T>;
+#endif
+  (void)isa;
+  return &glai_cpu::portable::product<T>;
+}
+
+// out [m, n] = a [m, k] b [k, n] on the extension's register tile (glai_ext::linear's:
 // kernels.inc's `micro`, 8 rows x 3 vectors where the sizes allow), a and b contiguous rows;
 // each element sums its k terms in order, one task per element block, so the same bits on any
 // thread count (the dense binding's task pool, small products on one thread).
@@ -210,7 +244,7 @@ void tile(const T* a, const T* b, int64_t m, int64_t k, int64_t n, T* out) {
   const glai_cpu::Problem<T> p{a, nullptr, b, m, k, n, 1,
                                static_cast<int64_t>(at::get_num_threads()),
                                glai_cpu::dense_parallel()};
-  TORCH_CHECK(glai_cpu::kernels<T>().linear(p, nullptr, out, false) == 0,
+  TORCH_CHECK(pick_product<T>()(p, out) == 0,
               "glai_ext: out of memory for the CPU kernels' scratch buffers");
 }
 
