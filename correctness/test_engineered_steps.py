@@ -1,7 +1,11 @@
 """The engineered protocol's native steps (csrc/cpu/engineered_steps.cpp; issue 41): GLAI's
 `FusedSparseStep` and the MLP's `HandFusedMLPStep` with `native=True` run the forward and the
 update as one extension call each, and must compute the Python path's (`native=False`) values,
-optimizer state and loss bit for bit: the same kernels on the same tensors in the same order."""
+optimizer state and loss bit for bit: the same kernels on the same tensors in the same order.
+The MLP step's default (`gemm="own"`) runs its products on the selector's register tile
+(kernels.inc's `product`) instead: the Python path's values to test_protocols.py's rounding,
+each product within the rounding bound of its sums, a transposed operand caught, and the
+user's model left in its layout."""
 
 from __future__ import annotations
 
@@ -189,14 +193,17 @@ def _within_rounding(got, want, bound, terms: int) -> bool:
     return bool(((got.double() - want).abs() <= terms * eps * bound + eps * want.abs()).all())
 
 
+@pytest.mark.parametrize("widths", [(19, 70, 9), (48, 64, 16)], ids=["odd", "whole tiles"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 13, 16, 70])
-def test_own_gemm_products_against_float64(batch, dtype):
+def test_own_gemm_products_against_float64(isa, batch, dtype, widths):
     """Each product of glai_ext::mlp_step_forward/update with own_gemm against float64 torch,
-    within the rounding bound of its sums: batches within, at and over one vector, widths off
-    every vector multiple; a bias left out (the known-wrong variant) is outside the bound."""
+    within the rounding bound of its sums, on every instruction set: batches within, at and over
+    one vector, widths off every vector multiple (edge tiles through linear's epilogue) and on
+    them (whole 8-row tiles stored in place); a bias left out (the known-wrong variant) is
+    outside the bound."""
     gen = torch.Generator().manual_seed(batch)
-    n0, n1, n2 = 19, 70, 9
+    n0, n1, n2 = widths
     x = torch.randn(batch, n0, generator=gen, dtype=dtype)
     ws = [torch.randn(m, n, generator=gen, dtype=dtype) / n ** 0.5
           for n, m in itertools.pairwise((n0, n1, n2))]
@@ -263,7 +270,7 @@ def test_own_gemm_gives_the_same_bits_on_any_thread_count():
 
 
 @pytest.mark.parametrize("batch", [13, 16])
-def test_own_gemm_products_see_a_transposed_operand(batch):
+def test_own_gemm_products_see_a_transposed_operand(isa, batch):
     """A square chain (every W [n, n]), where a kernel reading W^T for W (or dW^T for dW)
     would still fit every shape: each product is within rounding of the right float64 product
     and outside it for the transposed operand (the known-wrong kernel)."""
