@@ -30,16 +30,16 @@
 // at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
 // F.linear, torch.relu, mm, sum and torch.optim's fused SGD run): the results are the Python
 // steps' bit for bit (correctness/test_engineered_steps.py). With `own_gemm` the MLP's three
-// products per Linear run instead on the register tile GLAI's selector runs on (the kernel of
-// glai_ext::linear, kernels.inc), not torch's MKL GEMM (≈ 2.4x slower at the paper's B = 16 on
-// the AMD CPUs measured; docs/notes/pipeline.md, "The engineered steps, both sides (issue 41,
-// stop 46)"), W read in place as nn.Linear stores it [N, I]: the forward as y^T = W h^T (the
-// batch along the tile's columns), dW = dy^T h and dh = dy W in the tile's wide form
-// (docs/notes/pipeline.md, "The engineered MLP step on the selector's tile (issue 41, stop
-// 47)"): the same arithmetic summed in another order, equal to rounding. The
-// callers check the arguments and take these paths only where they apply (no dropout in
-// training, one model call per loss, fused optimizers, float32/float64 on CPU); the kernels
-// called check again what they read.
+// products per Linear run instead on the register tile GLAI's selector runs on (kernels.inc's
+// `product`: glai_ext::linear's tiles and sums, whole tiles stored in place), not torch's MKL
+// GEMM (≈ 2.4x slower at the paper's B = 16 on the AMD CPUs measured; docs/notes/pipeline.md,
+// "The engineered steps, both sides (issue 41, stop 46)"), W read in place as nn.Linear stores
+// it [N, I]: the forward as y^T = W h^T (the batch along the tile's columns), dW = dy^T h and
+// dh = dy W in the tile's wide form (docs/notes/pipeline.md, "The engineered MLP step on the
+// selector's tile (issue 41, stop 47)"): the same arithmetic summed in another order, equal to
+// rounding. The callers check the arguments and take these paths only where they apply (no
+// dropout in training, one model call per loss, fused optimizers, float32/float64 on CPU); the
+// kernels called check again what they read.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
