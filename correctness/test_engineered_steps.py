@@ -1,7 +1,11 @@
 """The engineered protocol's native steps (csrc/cpu/engineered_steps.cpp; issue 41): GLAI's
 `FusedSparseStep` and the MLP's `HandFusedMLPStep` with `native=True` run the forward and the
 update as one extension call each, and must compute the Python path's (`native=False`) values,
-optimizer state and loss bit for bit: the same kernels on the same tensors in the same order."""
+optimizer state and loss bit for bit: the same kernels on the same tensors in the same order.
+The MLP step's default (`gemm="own"`) runs its products on the selector's register tile
+(kernels.inc's `product`) instead: the Python path's values to test_protocols.py's rounding,
+each product within the rounding bound of its sums, a transposed operand caught, and the
+user's model left in its layout."""
 
 from __future__ import annotations
 
@@ -189,14 +193,17 @@ def _within_rounding(got, want, bound, terms: int) -> bool:
     return bool(((got.double() - want).abs() <= terms * eps * bound + eps * want.abs()).all())
 
 
+@pytest.mark.parametrize("widths", [(19, 70, 9), (48, 64, 16)], ids=["odd", "whole tiles"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 13, 16, 70])
-def test_own_gemm_products_against_float64(batch, dtype):
+def test_own_gemm_products_against_float64(isa, batch, dtype, widths):
     """Each product of glai_ext::mlp_step_forward/update with own_gemm against float64 torch,
-    within the rounding bound of its sums: batches within, at and over one vector, widths off
-    every vector multiple; a bias left out (the known-wrong variant) is outside the bound."""
+    within the rounding bound of its sums, on every instruction set: batches within, at and over
+    one vector, widths off every vector multiple (edge tiles through linear's epilogue) and on
+    them (whole 8-row tiles stored in place); a bias left out (the known-wrong variant) is
+    outside the bound."""
     gen = torch.Generator().manual_seed(batch)
-    n0, n1, n2 = 19, 70, 9
+    n0, n1, n2 = widths
     x = torch.randn(batch, n0, generator=gen, dtype=dtype)
     ws = [torch.randn(m, n, generator=gen, dtype=dtype) / n ** 0.5
           for n, m in itertools.pairwise((n0, n1, n2))]
@@ -260,3 +267,98 @@ def test_own_gemm_gives_the_same_bits_on_any_thread_count():
     finally:
         torch.set_num_threads(previous)
     assert _equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("batch", [13, 16])
+def test_own_gemm_products_see_a_transposed_operand(isa, batch):
+    """A square chain (every W [n, n]), where a kernel reading W^T for W (or dW^T for dW)
+    would still fit every shape: each product is within rounding of the right float64 product
+    and outside it for the transposed operand (the known-wrong kernel)."""
+    gen = torch.Generator().manual_seed(30 + batch)
+    n = 21
+    x = torch.randn(batch, n, generator=gen)
+    ws = [torch.randn(n, n, generator=gen) / n ** 0.5 for _ in range(2)]
+    bs = [torch.randn(n, generator=gen) for _ in range(2)]
+    y, h = torch.ops.glai_ext.mlp_step_forward(x, ws, bs, True)
+    x64, h64, w64 = x.double(), h.double(), [w.double() for w in ws]
+    bound = h64.abs() @ w64[1].abs().t() + bs[1].double().abs()
+    assert _within_rounding(y, h64 @ w64[1].t() + bs[1].double(), bound, n + 1)
+    assert not _within_rounding(y, h64 @ w64[1] + bs[1].double(), bound, n + 1)
+    dy = torch.randn(batch, n, generator=gen)
+    dy64 = dy.double()
+    grads = [torch.empty_like(t) for pair in zip(ws, bs, strict=True) for t in pair]
+    params = [t.clone() for pair in zip(ws, bs, strict=True) for t in pair]
+    torch.ops.glai_ext.mlp_step_update(dy, x, [h], params[0::2], params[1::2], grads, 0.0,
+                                       0.0, 0.0, True)
+    dw1, dw1_bound = dy64.t() @ h64, dy64.abs().t() @ h64.abs()
+    assert _within_rounding(grads[2], dw1, dw1_bound, batch)
+    assert not _within_rounding(grads[2], dw1.t(), dw1_bound.t(), batch)
+    gate = (h64 > 0).double()
+    dh, dh_bad = (dy64 @ w64[1]) * gate, (dy64 @ w64[1].t()) * gate
+    bound0 = ((dy64.abs() @ w64[1].abs()) * gate).t() @ x64.abs()
+    assert _within_rounding(grads[0], dh.t() @ x64, bound0, n + batch)
+    assert not _within_rounding(grads[0], dh_bad.t() @ x64, bound0, n + batch)
+
+
+def test_the_step_comparison_sees_a_transposed_weight():
+    """The known-wrong step: the Python path on the transposed weights of a square chain (what
+    a step reading W^T for W would compute) is outside the rounding the own-GEMM step keeps."""
+    model = _model((17, 17, 17), torch.float32)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in twin:
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_(m.weight.t().clone())
+    _, params, _ = _mlp_run(model, native=True, gemm="own")
+    _, wrong, _ = _mlp_run(twin, native=False)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(params, wrong, **TOL[torch.float32])
+
+
+def test_the_own_gemm_step_leaves_the_users_model_as_it_was():
+    """What a user sees after own-GEMM steps: the same Parameter objects (the ones the optimizer
+    steps), in nn.Linear's layout (contiguous, the same strides and storage), no .grad, a
+    state_dict of the same keys, shapes and strides, and an ordinary step afterwards that
+    matches the same ordinary step on a model trained by the Python path, to rounding."""
+    model = _model((13, 17, 9, 3), torch.float32)
+    twin = copy.deepcopy(model)
+    before = {name: (p, p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    stepper = HandFusedMLPStep(model, optimizer)
+    x, target = torch.randn(BATCH, 13), torch.randn(BATCH, 3)
+    for _ in range(STEPS):
+        stepper.step(lambda m: (m(x) - target).square().mean())
+    for name, p in model.named_parameters():
+        assert p is before[name][0] and p.data_ptr() == before[name][1], name
+        assert p.is_contiguous() and p.stride() == before[name][2] and p.grad is None, name
+    assert [p for g in optimizer.param_groups for p in g["params"]] == list(model.parameters())
+    state, twin_state = model.state_dict(), twin.state_dict()
+    assert list(state) == list(twin_state)
+    assert all(state[k].shape == twin_state[k].shape and state[k].stride() ==
+               twin_state[k].stride() for k in state)
+    reference = HandFusedMLPStep(twin, torch.optim.SGD(twin.parameters(), lr=0.1, fused=True),
+                                 native=False)
+    for _ in range(STEPS):
+        reference.step(lambda m: (m(x) - target).square().mean())
+    for m in (model, twin):  # the ordinary loop afterwards, on each
+        loss = (m(x) - target).square().mean()
+        loss.backward()
+        torch.optim.SGD(m.parameters(), lr=0.1, fused=True).step()
+    torch.testing.assert_close(list(model.parameters()), list(twin.parameters()),
+                               **TOL[torch.float32])
+
+
+def test_a_weight_in_another_layout_takes_torchs_gemms():
+    """A weight the user keeps as a transposed view (not contiguous): the native step keeps
+    that layout and runs torch's GEMMs on it (gemm="torch"'s bits), no copy made."""
+    model = _model((11, 14, 5), torch.float64)
+    with torch.no_grad():
+        first = model[0]
+        first.weight.data = first.weight.detach().t().contiguous().t()
+    twin = copy.deepcopy(model)
+    strides = first.weight.stride()
+    losses, params, updates = _mlp_run(model, native=True, gemm="own")
+    torch_losses, torch_params, _ = _mlp_run(twin, native=True, gemm="torch")
+    assert updates == STEPS and first.weight.stride() == strides
+    assert _equal(losses, torch_losses)
+    assert _equal(params, torch_params)

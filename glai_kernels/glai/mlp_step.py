@@ -27,9 +27,13 @@ calls), and with one call per loss the backward and update are one more,
 ReLUs' threshold_backward, torch's `_fused_sgd_`): with `gemm="torch"` the same kernels on
 the same tensors as the Python path, so the same bits (csrc/cpu/engineered_steps.cpp). With
 `gemm="own"` (the default) each Linear's three products (x W^T, dy^T h, dy W) run on the
-step's own GEMM (csrc/cpu/mlp_gemm.inc) instead of torch's MKL one, as GLAI's selector runs on
-the extension's GEMM: the same arithmetic in another summation order, equal to the ordinary
-step to rounding.
+register tile GLAI's selector runs on (`glai_ext::linear`'s kernel) instead of torch's MKL
+GEMM: the same arithmetic in another summation order, equal to the ordinary step to rounding.
+The weights are read in place as nn.Linear stores them (the forward as y^T = W x^T): the
+model is left as it was, the same Parameters in the same layout, so the optimizer, a
+checkpoint and an ordinary loop over the same model see nothing of the step (a weight that is
+not contiguous takes torch's GEMMs; docs/notes/pipeline.md, "The engineered MLP step on the
+selector's tile (issue 41, stop 47)").
 
 `compiled_mlp_step(model, task.loss, optimizer)`: `torch.compile` of the forward and the loss
 (backward through the compiled graph), torch's fused optimizer step; dropout draws eager's
@@ -113,7 +117,10 @@ class HandFusedMLPStep:
             want_linear = not want_linear
         if want_linear:  # the chain must end on a Linear
             return None
-        return weights, biases, self.gemm != "torch"
+        # the tile reads the weights' rows in place: a layout of the user's own (a transposed
+        # view) keeps it, on torch's GEMMs, rather than a copy made here every step
+        own = self.gemm != "torch" and all(w.is_contiguous() for w in weights)
+        return weights, biases, own
 
     def _native_saved(self, x: torch.Tensor, hidden: list) -> list:
         """What `_forward` saves, from the native forward's hidden outputs."""

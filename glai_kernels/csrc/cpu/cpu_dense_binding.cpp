@@ -372,3 +372,9 @@ TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
 }
 
 }  // namespace glai_ext
+
+namespace glai_cpu {
+
+ParallelFn dense_parallel() { return &glai_ext::run_parallel; }
+
+}  // namespace glai_cpu

@@ -30,14 +30,16 @@
 // at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
 // F.linear, torch.relu, mm, sum and torch.optim's fused SGD run): the results are the Python
 // steps' bit for bit (correctness/test_engineered_steps.py). With `own_gemm` the MLP's three
-// products per Linear (x W^T, dy^T h, dy W) run instead on the step's own GEMM (mlp_gemm.inc,
-// the batch along the vector lanes, W read as nn.Linear stores it), as GLAI's selector runs on
-// the extension's glai_ext::linear rather than torch's MKL GEMM (≈ 2.4x slower at the paper's
-// B = 16 on the AMD CPUs measured; docs/notes/pipeline.md, "The engineered steps, both sides
-// (issue 41, stop 46)"): the same arithmetic summed in another order, equal to rounding. The
-// callers check the arguments and take these paths only where they apply (no dropout in
-// training, one model call per loss, fused optimizers, float32/float64 on CPU); the kernels
-// called check again what they read.
+// products per Linear run instead on the register tile GLAI's selector runs on (kernels.inc's
+// `product`: glai_ext::linear's tiles and sums, whole tiles stored in place), not torch's MKL
+// GEMM (≈ 2.4x slower at the paper's B = 16 on the AMD CPUs measured; docs/notes/pipeline.md,
+// "The engineered steps, both sides (issue 41, stop 46)"), W read in place as nn.Linear stores
+// it [N, I]: the forward as y^T = W h^T (the batch along the tile's columns), dW = dy^T h and
+// dh = dy W in the tile's wide form (docs/notes/pipeline.md, "The engineered MLP step on the
+// selector's tile (issue 41, stop 47)"): the same arithmetic summed in another order, equal to
+// rounding. The callers check the arguments and take these paths only where they apply (no
+// dropout in training, one model call per loss, fused optimizers, float32/float64 on CPU); the
+// kernels called check again what they read.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -46,35 +48,29 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "isa.h"      // the ISA ladder (GLAI_X86, GLAI_ISA_BEGIN/END)
-#include "kernels.h"  // glai_cpu::isa(): the instruction set the extension's kernels use
+#include "isa.h"      // the ISA ladder (GLAI_X86)
+#include "kernels.h"  // glai_cpu::Problem, glai_cpu::isa(), the dense binding's task runner
 
-// The MLP step's own GEMMs (mlp_gemm.inc), once per instruction set as cpu_dispatch.cpp
-// compiles kernels.inc, chosen with the extension's other kernels (glai_cpu::isa()).
+// kernels.inc's `product` (linear's register tile, whole tiles stored in place), compiled and
+// instantiated once per instruction set by cpu_dispatch.cpp; the set in use is the one
+// glai_cpu::isa() names, as for the extension's other kernels.
 #if GLAI_X86
-GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
-namespace glai_cpu::mlp_avx512 {
-#define VBYTES 64
-#include "mlp_gemm.inc"
-#undef VBYTES
-}  // namespace glai_cpu::mlp_avx512
-GLAI_ISA_END()
-GLAI_ISA_BEGIN(GLAI_TARGET_AVX2)
-namespace glai_cpu::mlp_avx2 {
-#define VBYTES 32
-#include "mlp_gemm.inc"
-#undef VBYTES
-}  // namespace glai_cpu::mlp_avx2
-GLAI_ISA_END()
+namespace glai_cpu::avx512 {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::avx512
+namespace glai_cpu::avx2 {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::avx2
 #endif  // GLAI_X86
-namespace glai_cpu::mlp_portable {
-#define VBYTES 16
-#include "mlp_gemm.inc"
-#undef VBYTES
-}  // namespace glai_cpu::mlp_portable
+namespace glai_cpu::portable {
+template <typename T>
+int product(const Problem<T>& p, T* out);
+}  // namespace glai_cpu::portable
 
 namespace glai_ext {
 namespace {
@@ -221,66 +217,116 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
 }
 
 template <class T>
-using GemmFn = void (*)(const T*, int64_t, int64_t, const T*, int64_t, int64_t, T*, int64_t,
-                        int64_t, int64_t, int64_t);
+using ProductFn = int (*)(const glai_cpu::Problem<T>&, T*);
 
 template <class T>
-GemmFn<T> pick_gemm() {
+ProductFn<T> pick_product() {
   const char* isa = glai_cpu::isa();
-  constexpr bool f = std::is_same_v<T, float>;
 #if GLAI_X86
-  if (std::strcmp(isa, "avx512") == 0)
-    return f ? GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_f)
-             : GemmFn<T>(&glai_cpu::mlp_avx512::axpy_gemm_d);
-  if (std::strcmp(isa, "avx2") == 0)
-    return f ? GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_f)
-             : GemmFn<T>(&glai_cpu::mlp_avx2::axpy_gemm_d);
+  if (std::strcmp(isa, "avx512") == 0) return &glai_cpu::avx512::product<T>;
+  if (std::strcmp(isa, "avx2") == 0) return &glai_cpu::avx2::product<T>;
 #endif
   (void)isa;
-  return f ? GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_f)
-           : GemmFn<T>(&glai_cpu::mlp_portable::axpy_gemm_d);
+  return &glai_cpu::portable::product<T>;
 }
 
-// out rows [0, rows) of mlp_gemm.inc's form, split over torch's threads by rows (each row's
-// sums are the same for any split), small products on one thread
+// out [m, n] = a [m, k] b [k, n] on the extension's register tile (glai_ext::linear's:
+// kernels.inc's `micro`, 8 rows x 3 vectors where the sizes allow), a and b contiguous rows;
+// each element sums its k terms in order, one task per element block, so the same bits on any
+// thread count (the dense binding's task pool, small products on one thread).
 template <class T>
-void gemm_rows(const T* A, int64_t sr, int64_t sk, const T* M, int64_t ldm, int64_t K, T* out,
-               int64_t ldo, int64_t len, int64_t rows) {
-  const GemmFn<T> fn = pick_gemm<T>();
-  const int64_t per_row = std::max<int64_t>(1, K * len);
-  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / per_row);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    fn(A, sr, sk, M, ldm, K, out, ldo, len, begin, end);
-  });
+void tile(const T* a, const T* b, int64_t m, int64_t k, int64_t n, T* out) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum is zero (the kernel's scratch wants k > 0)
+    std::fill(out, out + m * n, T(0));
+    return;
+  }
+  const glai_cpu::Problem<T> p{a, nullptr, b, m, k, n, 1,
+                               static_cast<int64_t>(at::get_num_threads()),
+                               glai_cpu::dense_parallel()};
+  TORCH_CHECK(pick_product<T>()(p, out) == 0,
+              "glai_ext: out of memory for the CPU kernels' scratch buffers");
 }
 
-constexpr int64_t kBatchPad = 16;  // x^T's rows padded to whole vectors of any ISA's float
-
-// y [B, N] = h [B, I] W^T + b (and its ReLU when `relu`), by the step's own GEMM: h^T padded
-// to whole vectors, y^T = W h^T with the batch along the lanes, then y = y^T^T + b
+// dst [cols, rows] = src [rows, cols]^T: the operands the tile reads as rows (x^T for the
+// forward, dy^T for dW), B x width elements a layer, each copied.
 template <class T>
-at::Tensor own_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
-                      bool relu) {
-  const int64_t batch = h.size(0), inputs = h.size(1), n = weight.size(0);
-  const int64_t ld = (batch + kBatchPad - 1) / kBatchPad * kBatchPad;
-  at::Tensor ht = at::zeros({inputs, ld}, h.options());
-  at::Tensor yt = at::empty({n, ld}, h.options());
-  at::Tensor y = at::empty({batch, n}, h.options());
-  const T* hp = h.const_data_ptr<T>();
-  T* htp = ht.mutable_data_ptr<T>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < inputs; ++i) htp[i * ld + b] = hp[b * inputs + i];
-  gemm_rows<T>(weight.const_data_ptr<T>(), inputs, 1, htp, ld, inputs, yt.mutable_data_ptr<T>(),
-               ld, ld, n);
-  const T* ytp = yt.const_data_ptr<T>();
+void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) dst[c * rows + r] = src[r * cols + c];
+}
+
+// One Linear's forward on the tile: y^T [N, B] = W [N, I] h^T [I, B], then, element by element,
+// v = y^T + b (ReLU'd when `relu`: 0 where v <= 0, torch.relu's, NaN stays NaN), written to
+// y [B, N] and back over y^T, which is the next layer's h^T. Returns (y, y^T).
+template <class T>
+std::pair<at::Tensor, at::Tensor> tile_linear(const at::Tensor& ht, int64_t batch,
+                                              const at::Tensor& weight, const at::Tensor& bias,
+                                              bool relu) {
+  const int64_t inputs = weight.size(1), n = weight.size(0);
+  at::Tensor yt = at::empty({n, batch}, ht.options());
+  at::Tensor y = at::empty({batch, n}, ht.options());
+  T* ytp = yt.mutable_data_ptr<T>();
+  tile<T>(weight.const_data_ptr<T>(), ht.const_data_ptr<T>(), n, inputs, batch, ytp);
   const T* bp = bias.const_data_ptr<T>();
   T* yp = y.mutable_data_ptr<T>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t o = 0; o < n; ++o) {
-      const T v = ytp[o * ld + b] + bp[o];
-      yp[b * n + o] = relu && v <= T(0) ? T(0) : v;  // torch.relu's: NaN stays NaN
+  for (int64_t o = 0; o < n; ++o)
+    for (int64_t b = 0; b < batch; ++b) {
+      T v = ytp[o * batch + b] + bp[o];
+      if (relu && v <= T(0)) v = T(0);
+      ytp[o * batch + b] = v;
+      yp[b * n + o] = v;
     }
-  return y;
+  return {y, yt};
+}
+
+template <class T>
+std::vector<at::Tensor> tile_forward(const at::Tensor& x, at::TensorList weights,
+                                     at::TensorList biases) {
+  const int64_t batch = x.size(0);
+  at::Tensor ht = at::empty({x.size(1), batch}, x.options());
+  transpose<T>(x.const_data_ptr<T>(), batch, x.size(1), ht.mutable_data_ptr<T>());
+  std::vector<at::Tensor> out(1);
+  const size_t last = weights.size() - 1;
+  for (size_t l = 0; l <= last; ++l) {
+    auto [y, yt] = tile_linear<T>(ht, batch, weights[l], biases[l], l < last);
+    if (l == last)
+      out[0] = y;
+    else
+      out.push_back(y);
+    ht = yt;
+  }
+  return out;
+}
+
+// The backward of the chain on the tile, last Linear first: dW_l = dy_l^T h_l into grads[2l]
+// (the tile over dy^T [N, B] and h [B, I], depth B), db_l = sum_b dy_l (torch's sum), and for
+// l > 0 dy_{l-1} = dy_l W_l [B, I] (the tile over dy and W as stored, depth N), 0 where
+// h_l <= 0 (threshold_backward's).
+template <class T>
+void tile_backward(at::Tensor dy, const at::Tensor& x, at::TensorList hidden,
+                   at::TensorList weights, at::TensorList grads) {
+  const int64_t batch = x.size(0);
+  at::Tensor dyt = at::empty({dy.size(1), batch}, dy.options());
+  transpose<T>(dy.const_data_ptr<T>(), batch, dy.size(1), dyt.mutable_data_ptr<T>());
+  for (size_t l = weights.size(); l-- > 0;) {
+    const at::Tensor& input = l == 0 ? x : hidden[l - 1];
+    const int64_t n = weights[l].size(0), inputs = weights[l].size(1);
+    at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
+    tile<T>(dyt.const_data_ptr<T>(), input.const_data_ptr<T>(), n, batch, inputs,
+            gw.mutable_data_ptr<T>());
+    at::sum_out(gb, dy, at::IntArrayRef{0});
+    if (l == 0) break;
+    at::Tensor dh = at::empty({batch, inputs}, dy.options());
+    T* p = dh.mutable_data_ptr<T>();
+    tile<T>(dy.const_data_ptr<T>(), weights[l].const_data_ptr<T>(), batch, n, inputs, p);
+    const T* h = input.const_data_ptr<T>();
+    for (int64_t e = 0; e < batch * inputs; ++e)
+      if (h[e] <= T(0)) p[e] = T(0);
+    dyt = at::empty({inputs, batch}, dy.options());
+    transpose<T>(p, batch, inputs, dyt.mutable_data_ptr<T>());
+    dy = dh;
+  }
 }
 
 void check_chain(const char* who, at::TensorList weights, at::TensorList biases) {
@@ -293,8 +339,7 @@ void check_chain(const char* who, at::TensorList weights, at::TensorList biases)
                 weights[l].sizes());
 }
 
-// What the step's own GEMMs read as raw rows: contiguous float32/float64 CPU tensors of x's
-// dtype (the caller's hidden outputs are the forward's own, contiguous)
+// What the tile reads as raw rows: contiguous float32/float64 CPU tensors of x's dtype
 void check_own(const char* who, const at::Tensor& x, at::TensorList weights,
                at::TensorList biases) {
   const auto t = x.scalar_type();
@@ -311,24 +356,27 @@ void check_own(const char* who, const at::Tensor& x, at::TensorList weights,
                 "x's dtype, bias [", weights[l].size(0), "]");
 }
 
+// t is a contiguous [rows, cols] CPU tensor of x's dtype (what the backward reads raw)
+void check_rows(const char* who, const char* name, size_t index, const at::Tensor& t,
+                const at::Tensor& x, int64_t rows, int64_t cols) {
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols && t.is_contiguous() &&
+                  t.is_cpu() && t.scalar_type() == x.scalar_type(),
+              who, ": ", name, "[", index, "] must be a contiguous [", rows, ", ", cols,
+              "] CPU tensor of x's dtype for own_gemm, got ", t.scalar_type(), " ", t.sizes());
+}
+
 std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList weights,
                                          at::TensorList biases, bool own_gemm) {
   check_chain("glai_ext::mlp_step_forward", weights, biases);
+  if (own_gemm) {
+    check_own("glai_ext::mlp_step_forward", x, weights, biases);
+    return x.scalar_type() == at::kDouble ? tile_forward<double>(x, weights, biases)
+                                          : tile_forward<float>(x, weights, biases);
+  }
   std::vector<at::Tensor> out(1);
   at::Tensor h = x;
   const size_t last = weights.size() - 1;
-  if (own_gemm) check_own("glai_ext::mlp_step_forward", x, weights, biases);
   for (size_t l = 0; l <= last; ++l) {
-    if (own_gemm) {
-      const at::Tensor& w = weights[l];
-      h = x.scalar_type() == at::kDouble ? own_linear<double>(h, w, biases[l], l < last)
-                                         : own_linear<float>(h, w, biases[l], l < last);
-      if (l == last)
-        out[0] = h;
-      else
-        out.push_back(h);
-      continue;
-    }
     at::Tensor pre = at::addmm(biases[l], h, weights[l].t());  // F.linear's call on 2-D input
     if (l == last) {
       out[0] = pre;
@@ -340,24 +388,6 @@ std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList wei
   return out;
 }
 
-// The backward of one Linear by the step's own GEMMs: dW = dy^T input into gw, and, when
-// `dh` is defined, dh = (dy W) where input > 0 (threshold_backward's: 0 where input <= 0)
-template <class T>
-void own_backward(const at::Tensor& dy, const at::Tensor& input, const at::Tensor& weight,
-                  at::Tensor& gw, at::Tensor* dh) {
-  const int64_t batch = dy.size(0), n = dy.size(1), inputs = input.size(1);
-  const T* d = dy.const_data_ptr<T>();
-  gemm_rows<T>(d, 1, n, input.const_data_ptr<T>(), inputs, batch, gw.mutable_data_ptr<T>(),
-               inputs, inputs, n);
-  if (dh == nullptr) return;
-  *dh = at::empty({batch, inputs}, dy.options());
-  T* p = dh->mutable_data_ptr<T>();
-  gemm_rows<T>(d, n, 1, weight.const_data_ptr<T>(), inputs, n, p, inputs, inputs, batch);
-  const T* h = input.const_data_ptr<T>();
-  for (int64_t e = 0; e < batch * inputs; ++e)
-    if (h[e] <= T(0)) p[e] = T(0);
-}
-
 void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
                      at::TensorList weights, at::TensorList biases, at::TensorList grads,
                      double lr, double weight_decay, double dampening, bool own_gemm) {
@@ -367,28 +397,28 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
   TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
               ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
               hidden.size(), " and ", grads.size());
-  if (own_gemm) check_own(who, x, weights, biases);
-  at::Tensor dy = own_gemm ? dy_in.contiguous() : dy_in;
-  for (size_t l = layers; l-- > 0;) {
-    const at::Tensor& input = l == 0 ? x : hidden[l - 1];
-    at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
-    if (own_gemm) {
-      TORCH_CHECK(gw.is_contiguous() && gw.sizes() == weights[l].sizes() &&
-                      gw.scalar_type() == x.scalar_type(),
-                  who, ": grads[", 2 * l, "] must be a contiguous tensor like weights[", l, "]");
-      at::Tensor dh;
-      const bool dbl = x.scalar_type() == at::kDouble;
-      if (dbl)
-        own_backward<double>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
-      else
-        own_backward<float>(dy, input, weights[l], gw, l > 0 ? &dh : nullptr);
-      at::sum_out(gb, dy, at::IntArrayRef{0});
-      if (l > 0) dy = dh;
-      continue;
+  if (own_gemm) {
+    check_own(who, x, weights, biases);
+    const at::Tensor dy = dy_in.contiguous();
+    check_rows(who, "dy", 0, dy, x, x.size(0), weights[layers - 1].size(0));
+    for (size_t l = 0; l < layers; ++l) {
+      if (l > 0) check_rows(who, "hidden", l - 1, hidden[l - 1], x, x.size(0),
+                            weights[l].size(1));
+      check_rows(who, "grads", 2 * l, grads[2 * l], x, weights[l].size(0), weights[l].size(1));
     }
-    at::mm_out(gw, dy.t(), input);
-    at::sum_out(gb, dy, at::IntArrayRef{0});
-    if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
+    if (x.scalar_type() == at::kDouble)
+      tile_backward<double>(dy, x, hidden, weights, grads);
+    else
+      tile_backward<float>(dy, x, hidden, weights, grads);
+  } else {
+    at::Tensor dy = dy_in;
+    for (size_t l = layers; l-- > 0;) {
+      const at::Tensor& input = l == 0 ? x : hidden[l - 1];
+      at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
+      at::mm_out(gw, dy.t(), input);
+      at::sum_out(gb, dy, at::IntArrayRef{0});
+      if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
+    }
   }
   std::vector<at::Tensor> params, gradients;
   for (size_t l = 0; l < layers; ++l) {

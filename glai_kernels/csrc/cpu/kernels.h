@@ -74,6 +74,11 @@ void free_kept(void* p, int64_t bytes);
 // L3); docs/notes/cpu-kernels.md, "dx along s on an Intel Xeon".
 int64_t dx_along_s_max_weight_bytes();
 
+// The dense binding's task runner (cpu_dense_binding.cpp: the task pool on up to
+// torch.get_num_threads() threads, small jobs on one), for a Problem built outside the binding:
+// the engineered MLP step's products on `linear` (engineered_steps.cpp).
+ParallelFn dense_parallel();
+
 // The instruction set in use ("avx512", "avx2", "portable").
 const char* isa();
 // Select an instruction set by name; returns false if unknown or unsupported by this CPU.
