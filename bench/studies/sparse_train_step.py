@@ -36,8 +36,8 @@ Per head, at the paper's batch size (16; 32 for C2), float32, one random batch:
              (torch's GEMMs on the MLP's side), where the default runs each as one extension
              call (csrc/cpu/engineered_steps.cpp), on copies.
   MLP hand-fused, torch GEMM   the native MLP step with `gemm="torch"`: torch's MKL GEMMs where
-             the default runs the step's own (csrc/cpu/mlp_gemm.inc, as GLAI's selector runs
-             on the extension's GEMM), on a copy.
+             the default runs its products on GLAI's selector's register tile (kernels.inc's
+             `product`, csrc/cpu/engineered_steps.cpp), on a copy.
 The ratios the issue 41 targets read: the paper protocol's (ordinary GLAI / ordinary MLP) and
 the engineered protocol's (GLAI fused / the fastest engineered MLP step: the native hand-fused
 step on its own GEMM or torch's, its Python path, or the compiled one).
