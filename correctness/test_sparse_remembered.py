@@ -52,18 +52,23 @@ def _call_record(sw: SparsePathWeight) -> object | None:
     return checked.recall_call(checked.key_of(index, sw.device, sw.nnz), index)
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """How many times the sparse op's `check_inputs` ran."""
+def _counting(monkeypatch, module, name: str) -> list[int]:
+    """[how many times module.name ran] from now on, the function itself still run."""
     calls = [0]
-    real = sparse_op.check_inputs
+    real = getattr(module, name)
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sparse_op, "check_inputs", counting)
+    monkeypatch.setattr(module, name, counting)
     return calls
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many times the sparse op's `check_inputs` ran."""
+    return _counting(monkeypatch, sparse_op, "check_inputs")
 
 
 def _run(x, act, sw, bias, dy, backend="cpp"):
@@ -191,14 +196,7 @@ def test_an_in_place_edit_invalidates_both_uses_through_one_key(counted, monkeyp
     memory (sparse/checked.py), under one key: an in-place edit that leaves the contents valid
     (the version counter moves) makes the next call check its inputs and the index's contents
     again, and remember both anew under the new key."""
-    contents = [0]
-    real = sparse_contract.check_contents
-
-    def counting(*args, **kwargs):
-        contents[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sparse_contract, "check_contents", counting)
+    contents = _counting(monkeypatch, sparse_contract, "check_contents")
     x, act, sw, bias, dy = _setup()
     expected = _run(x, act, sw, bias, dy)
     _run(x, act, sw, bias, dy)
