@@ -60,17 +60,14 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
 // The node the eager path records (eager_node.h: its plumbing, shared with the sparse op's):
 // the backward op glai_ext::backward, or glai::estimator_backward for a graph.
 struct EstimatorBackward : public eager::EagerBackward<EstimatorBackward> {
-  std::vector<at::Tensor> graph_backward(const at::Tensor& dy, const at::Tensor& x,
-                                         const at::Tensor& act, const at::Tensor& weight,
-                                         const at::Tensor& saved, bool need_x, bool need_act,
-                                         bool need_weight) {
-    return call_backward_op(dy, x, act, weight, saved, need_x, need_act, need_weight, backend);
+  std::vector<at::Tensor> graph_backward(const eager::BackwardArgs& a) {
+    return call_backward_op(a.dy, a.x, a.act, a.weight, a.saved, a.need_x, a.need_act,
+                            a.need_weight, backend);
   }
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(
-      const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& weight,
-      const at::Tensor& saved, bool need_x, bool need_act, bool need_weight) {
-    return call_backward(dy.contiguous(), x, act, weight, saved, need_x, need_act, need_weight);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const eager::BackwardArgs& a) {
+    return call_backward(a.dy.contiguous(), a.x, a.act, a.weight, a.saved, a.need_x, a.need_act,
+                         a.need_weight);
   }
 
   std::string name() const override { return "glai::EstimatorBackward"; }

@@ -47,11 +47,23 @@ auto make_node() {
   }
 }
 
+// What a node's backward works on: dy [B, O], the inputs saved at the forward, what the
+// forward kept (`saved`; undefined: nothing) and the gradients asked for.
+struct BackwardArgs {
+  const at::Tensor& dy;
+  const at::Tensor& x;
+  const at::Tensor& act;
+  const at::Tensor& weight;
+  const at::Tensor& saved;
+  bool need_x, need_act, need_weight;
+};
+
 // The node of y = op(x, act, weight) + bias. `Op` (deriving from EagerBackward<Op>) gives
 //   name();
-//   graph_backward(dy, x, act, weight, saved, need_x, need_act, need_weight)
-//     -> std::vector<at::Tensor> {dx, dact, dweight}, through the backward custom op;
-//   direct_backward(the same) -> std::tuple of the three, the kernels (called below autograd);
+//   graph_backward(const BackwardArgs&) -> std::vector<at::Tensor> {dx, dact, dweight},
+//     through the backward custom op;
+//   direct_backward(const BackwardArgs&) -> std::tuple of the three, the kernels (called
+//     below autograd);
 //   release_own(), to free what it saved beyond these (nothing by default).
 // A gradient not asked for comes back undefined whatever Op returns for it.
 template <class Op>
@@ -69,13 +81,13 @@ struct EagerBackward : public torch::autograd::Node {
       const at::Tensor x = x_.unpack(), act = act_.unpack(), weight = weight_.unpack();
       const at::Tensor saved = saved_.unpack();
       Op& op = static_cast<Op&>(*this);
+      const BackwardArgs args{dy, x, act, weight, saved, need_x, need_act, need_weight};
       if (at::GradMode::is_enabled()) {
-        auto g = op.graph_backward(dy, x, act, weight, saved, need_x, need_act, need_weight);
+        auto g = op.graph_backward(args);
         for (int k = 0; k < 3; ++k) out[k] = g[k];
       } else {
         at::AutoDispatchBelowADInplaceOrView below;
-        std::tie(out[0], out[1], out[2]) =
-            op.direct_backward(dy, x, act, weight, saved, need_x, need_act, need_weight);
+        std::tie(out[0], out[1], out[2]) = op.direct_backward(args);
       }
       if (!need_x) out[0] = at::Tensor();
       if (!need_act) out[1] = at::Tensor();

@@ -80,23 +80,20 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
 // nothing, as the Python Function passes it (the kernels then recompute the group sums if
 // dact needs them).
 struct SparseEstimatorBackward : public eager::EagerBackward<SparseEstimatorBackward> {
-  std::vector<at::Tensor> graph_backward(const at::Tensor& dy, const at::Tensor& x,
-                                         const at::Tensor& act, const at::Tensor& values,
-                                         const at::Tensor& saved, bool need_x, bool need_act,
-                                         bool need_values) {
-    return call_backward_op(dy, x, act, values, index, kept(saved, x), need_x, need_act,
-                            need_values, backend);
+  // the weight of eager::BackwardArgs is the values [K]
+  std::vector<at::Tensor> graph_backward(const eager::BackwardArgs& a) {
+    return call_backward_op(a.dy, a.x, a.act, a.weight, index, kept(a), a.need_x, a.need_act,
+                            a.need_weight, backend);
   }
 
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(
-      const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
-      const at::Tensor& saved, bool need_x, bool need_act, bool need_values) {
-    return call_backward(dy.contiguous(), x.contiguous(), act.contiguous(), values.contiguous(),
-                         index, kept(saved, x), c10::List<bool>({need_x, need_act, need_values}));
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const eager::BackwardArgs& a) {
+    return call_backward(a.dy.contiguous(), a.x.contiguous(), a.act.contiguous(),
+                         a.weight.contiguous(), index, kept(a),
+                         c10::List<bool>({a.need_x, a.need_act, a.need_weight}));
   }
 
-  static at::Tensor kept(const at::Tensor& saved, const at::Tensor& x) {
-    return saved.defined() ? saved : at::empty({0}, x.options());
+  static at::Tensor kept(const eager::BackwardArgs& a) {
+    return a.saved.defined() ? a.saved : at::empty({0}, a.x.options());
   }
 
   std::string name() const override { return "glai::SparseEstimatorBackward"; }
