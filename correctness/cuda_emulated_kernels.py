@@ -6,7 +6,7 @@ glai_kernels/csrc/cuda/estimator_kernels.cu (or a wrapper that defines a planted
 includes it) against correctness/cuda_emulation/ (emulated_build.py) and declares the C
 functions of estimator_kernels.cuh; `products` runs them as the binding does (a workspace when
 split), `oracle` gives the float64 results and the error scales they are measured on
-(reference.tolerance). The same calls as test_cuda_emulated.py's, which predates this module.
+(reference.tolerance). Every emulated suite of these kernels calls them through here.
 """
 
 from __future__ import annotations

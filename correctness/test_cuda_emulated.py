@@ -24,64 +24,20 @@ look far worse than 2^-10 on a cancelling sum, and why the suite's scale is the 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import pytest
 import torch
-from emulated_build import build_emulated
+from cuda_emulated_kernels import PRODUCTS, inputs, load, oracle, products, sizes_problem
 
-from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs, tolerance
+from reference import make_inputs, tolerance
 from reference.tolerance import worst_error
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "glai_kernels" / "csrc" / "cuda" / "estimator_kernels.cu"
-
-# the kernels' dtype codes (estimator_kernels.cu), not a list of dtypes
-DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-PRODUCTS = {"y": 0, "dx": 1, "dact": 2, "dweight": 3}
 INVALID_VALUE = 1  # cudaErrorInvalidValue
-
-
-class Problem(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_void_p), ("act", ctypes.c_void_p), ("weight", ctypes.c_void_p),
-                ("dy", ctypes.c_void_p), ("batch", ctypes.c_int64), ("inputs", ctypes.c_int64),
-                ("paths", ctypes.c_int64), ("outputs", ctypes.c_int64), ("dtype", ctypes.c_int),
-                ("allow_tf32", ctypes.c_int)]
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> ctypes.CDLL:
-    lib = build_emulated(SOURCE, tmp_path_factory.mktemp("cuda_emulation"), "glai_cuda_emulated")
-    lib.glai_cuda_splits.restype = ctypes.c_int
-    lib.glai_cuda_splits.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int]
-    lib.glai_cuda_workspace_elements.restype = ctypes.c_int64
-    lib.glai_cuda_workspace_elements.argtypes = [ctypes.POINTER(Problem), ctypes.c_int,
-                                                 ctypes.c_int]
-    lib.glai_cuda_launch.restype = ctypes.c_int
-    lib.glai_cuda_launch.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lib.glai_emulation_set_compute_capability.argtypes = [ctypes.c_int]
-    lib.glai_emulation_set_async_copies.argtypes = [ctypes.c_int]
-    return lib
-
-
-def _problem(x, act, weight, dy, dtype, tf32: bool = False) -> Problem:
-    b, i = x.shape
-    o, _, p = weight.shape
-    return Problem(x.data_ptr(), act.data_ptr(), weight.data_ptr(),
-                   dy.data_ptr() if dy is not None else None, b, i, p, o, DTYPE_CODES[dtype],
-                   int(tf32))
-
-
-def _run(lib, problem: Problem, product: str, splits: int, shape, dtype) -> torch.Tensor:
-    out = torch.full(shape, float("nan"), dtype=dtype)
-    count = lib.glai_cuda_workspace_elements(ctypes.byref(problem), PRODUCTS[product], splits)
-    workspace = torch.full((max(count, 1),), float("nan"),
-                           dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    status = lib.glai_cuda_launch(ctypes.byref(problem), PRODUCTS[product], splits,
-                                  out.data_ptr(), workspace.data_ptr() if count else None, None)
-    assert status == 0, f"launch returned cudaError {status}"
-    return out
+    return load(tmp_path_factory.mktemp("cuda_emulation"))
 
 
 # (B, I, P, O): one partial tile; two row tiles (B > 64) with P not a multiple of the k tile;
@@ -99,24 +55,16 @@ KINDS = [(torch.float32, 80), (torch.float64, 80), (torch.float16, 80), (torch.b
 def test_products_match_oracle(kernels, dtype, arch, shape, splits):
     kernels.glai_emulation_set_compute_capability(arch)
     data = make_inputs(*shape, dtype=dtype, seed=sum(shape), gates="soft")
-    batch, inputs, paths, outputs = shape
-    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(1)).to(dtype)
-    problem = _problem(data.x, data.act, data.weight, dy, dtype)
-    x64, act64, w64, dy64 = (t.double() for t in (data.x, data.act, data.weight, dy))
-    expected = {"y": forward64(x64, act64, w64), **grads64(dy64, x64, act64, w64)._asdict()}
-    scale = {"y": abs_forward64(x64, act64, w64), **abs_grads64(dy64, x64, act64, w64)._asdict()}
-    out_shapes = {"y": (batch, outputs), "dx": (batch, inputs), "dact": (batch, paths),
-                  "dweight": (outputs, inputs * paths)}
-    for product, key in (("y", "y"), ("dx", "x"), ("dact", "act"), ("dweight", "weight")):
-        got = _run(kernels, problem, product, splits, out_shapes[product], dtype)
-        got = got.view(expected[key].shape)
-        error = worst_error(got, expected[key], scale[key])
+    dy = torch.randn(shape[0], shape[3], generator=torch.Generator().manual_seed(1)).to(dtype)
+    expected, scale = oracle(data.x, data.act, data.weight, dy)
+    for product, got in products(kernels, data.x, data.act, data.weight, dy, splits).items():
+        error = worst_error(got, expected[product], scale[product])
         assert error <= tolerance(dtype), f"{product}: error {error:.3g}"
 
 
 def test_split_count(kernels):
-    def splits(b, i, p, o, product, sms=132, dtype=0):
-        problem = Problem(None, None, None, None, b, i, p, o, dtype, 0)
+    def splits(b, i, p, o, product, sms=132, dtype=torch.float32):
+        problem = sizes_problem(b, i, p, o, dtype)
         return kernels.glai_cuda_splits(ctypes.byref(problem), PRODUCTS[product], sms)
 
     assert splits(4096, 385, 128, 37, "dweight") == 1  # 6 x 770 output tiles: no split
@@ -129,14 +77,14 @@ def test_split_count(kernels):
     assert splits(16, 1281, 320, 128, "y") == 264  # B1: 2 column tiles share the 528
     assert splits(16, 385, 128, 37, "y", sms=114) == 385  # A1 fits an H100 PCIe's 456 too
     assert splits(32, 385, 128, 37, "y", sms=80) == 320  # ... not a V100's 320
-    assert splits(16, 385, 128, 37, "y", dtype=1) == 528  # float64: 3,080 tiles of 16
+    assert splits(16, 385, 128, 37, "y", dtype=torch.float64) == 528  # float64: 3,080 tiles of 16
     assert splits(16, 385, 128, 37, "dx") == 37  # 7 column tiles; K = 4,736: 148 tiles, 4 a chain
     assert splits(16, 3, 5, 7, "y") == 1  # K = 15: one tile
 
 
 def test_sizes_beyond_the_grid_are_refused(kernels):
     # 64 * 65536 rows need 65536 row tiles, one more than gridDim.y allows
-    problem = Problem(None, None, None, None, 64 * 65536, 1, 1, 1, 0)
+    problem = sizes_problem(64 * 65536, 1, 1, 1)
     out = torch.empty(1)
     assert kernels.glai_cuda_launch(ctypes.byref(problem), PRODUCTS["y"], 1, out.data_ptr(),
                                     None, None) == INVALID_VALUE
@@ -150,48 +98,20 @@ def test_float16_products_past_the_half_range(kernels, arch):
     h = torch.float16
     x, act = torch.full((1, 1), 320.0, dtype=h), torch.full((1, 1), 320.0, dtype=h)
     weight, dy = torch.full((1, 1, 1), 2.0 ** -8, dtype=h), torch.full((1, 1), 2.0 ** -4, dtype=h)
-    problem = _problem(x, act, weight, dy, h)
-    assert _run(kernels, problem, "y", 1, (1, 1), h).item() == 400.0
-    assert _run(kernels, problem, "dweight", 1, (1, 1), h).item() == 6400.0
+    got = products(kernels, x, act, weight, dy, 1, names=("y", "dweight"))
+    assert got["y"].item() == 400.0
+    assert got["dweight"].item() == 6400.0
 
 
 # ---- issue 38: short chains at B <= 32, the cp.async pipelines, TF32 -----------------------
 
-OUT_KEYS = {"y": "y", "dx": "x", "dact": "act", "dweight": "weight"}
-
-
-def _inputs(batch, inputs, paths, outputs, dtype, seed):
-    data = make_inputs(batch, inputs, paths, outputs, dtype=dtype, seed=seed, gates="soft")
-    dy = torch.randn(batch, outputs, generator=torch.Generator().manual_seed(seed + 1))
-    return data.x, data.act, data.weight, dy.to(dtype)
-
-
-def _products(lib, x, act, weight, dy, dtype, splits, tf32=False, products=tuple(PRODUCTS)):
-    """The emulated kernels' products, shaped as the oracle's (dweight [O, I, P])."""
-    batch, inputs = x.shape
-    outputs, _, paths = weight.shape
-    problem = _problem(x, act, weight, dy, dtype, tf32)
-    shapes = {"y": (batch, outputs), "dx": (batch, inputs), "dact": (batch, paths),
-              "dweight": (outputs, inputs, paths)}
-    return {name: _run(lib, problem, name, splits(name) if callable(splits) else splits,
-                       shapes[name], dtype) for name in products}
-
-
-def _oracle(x, act, weight, dy):
-    x64, act64, w64, dy64 = (t.double() for t in (x, act, weight, dy))
-    expected = {"y": forward64(x64, act64, w64), **grads64(dy64, x64, act64, w64)._asdict()}
-    scale = {"y": abs_forward64(x64, act64, w64), **abs_grads64(dy64, x64, act64, w64)._asdict()}
-    return expected, scale
-
-
 def _rule(lib, x, weight, sms=132):
     """glai_cuda_splits for each product, as the binding asks it."""
-    batch, inputs = x.shape
+    batch, width = x.shape
     outputs, _, paths = weight.shape
 
     def splits(product):
-        problem = Problem(None, None, None, None, batch, inputs, paths, outputs,
-                          DTYPE_CODES[x.dtype], 0)
+        problem = sizes_problem(batch, width, paths, outputs, x.dtype)
         return lib.glai_cuda_splits(ctypes.byref(problem), PRODUCTS[product], sms)
     return splits
 
@@ -211,12 +131,12 @@ def test_short_chains_match_oracle(kernels, dtype, shape, batch):
     """B <= 32: y, dx and dact (the chain kernel's products; dweight, K = B, is the other
     kernels'), with the split count the rule gives (132 SMs) and with 2."""
     kernels.glai_emulation_set_compute_capability(80)
-    x, act, weight, dy = _inputs(batch, *shape, dtype, seed=batch + sum(shape))
-    expected, scale = _oracle(x, act, weight, dy)
+    x, act, weight, dy = inputs(batch, *shape, dtype, seed=batch + sum(shape))
+    expected, scale = oracle(x, act, weight, dy)
     for splits in (_rule(kernels, x, weight), 2):
-        got = _products(kernels, x, act, weight, dy, dtype, splits, products=("y", "dx", "dact"))
+        got = products(kernels, x, act, weight, dy, splits, names=("y", "dx", "dact"))
         for name, value in got.items():
-            error = worst_error(value, expected[OUT_KEYS[name]], scale[OUT_KEYS[name]])
+            error = worst_error(value, expected[name], scale[name])
             assert error <= tolerance(dtype), f"{name} ({splits}): error {error:.3g}"
 
 
@@ -228,11 +148,11 @@ def test_pipelines_either_way_copies_land(kernels, deferred):
     kernels.glai_emulation_set_async_copies(deferred)
     try:
         for batch, dtype in ((16, torch.float32), (70, torch.bfloat16)):
-            x, act, weight, dy = _inputs(batch, 5, 16, 70, dtype, seed=batch)
-            expected, scale = _oracle(x, act, weight, dy)
-            got = _products(kernels, x, act, weight, dy, dtype, 3)
+            x, act, weight, dy = inputs(batch, 5, 16, 70, dtype, seed=batch)
+            expected, scale = oracle(x, act, weight, dy)
+            got = products(kernels, x, act, weight, dy, 3)
             for name, value in got.items():
-                error = worst_error(value, expected[OUT_KEYS[name]], scale[OUT_KEYS[name]])
+                error = worst_error(value, expected[name], scale[name])
                 assert error <= tolerance(dtype), f"{dtype} {name}: error {error:.3g}"
     finally:
         kernels.glai_emulation_set_async_copies(1)
@@ -243,15 +163,15 @@ def test_misaligned_weight_takes_plain_loads(kernels):
     when P allows them; the kernels must load it element by element (an emulated cp.async
     from it fails the launch as a misaligned address)."""
     kernels.glai_emulation_set_compute_capability(80)
-    x, act, weight, dy = _inputs(16, 5, 16, 70, torch.float32, seed=3)
+    x, act, weight, dy = inputs(16, 5, 16, 70, torch.float32, seed=3)
     storage = torch.empty(weight.numel() + 1)
     shifted = storage[1:].view(weight.shape)
     shifted.copy_(weight)
     assert shifted.data_ptr() % 16 != 0
-    expected, scale = _oracle(x, act, weight, dy)
-    got = _products(kernels, x, act, shifted, dy, torch.float32, 2, products=("y", "dx", "dact"))
+    expected, scale = oracle(x, act, weight, dy)
+    got = products(kernels, x, act, shifted, dy, 2, names=("y", "dx", "dact"))
     for name, value in got.items():
-        error = worst_error(value, expected[OUT_KEYS[name]], scale[OUT_KEYS[name]])
+        error = worst_error(value, expected[name], scale[name])
         assert error <= tolerance(torch.float32), f"{name}: error {error:.3g}"
 
 
@@ -261,18 +181,17 @@ def test_chains_reduce_in_split_order(kernels):
     one-input problems y(x[:, i], w[:, i, :]), each one chain of its own; asking for 6 splits
     gives the same 5 chains (no empty split), and a second run the same bits."""
     kernels.glai_emulation_set_compute_capability(80)
-    x, act, weight, dy = _inputs(16, 5, 64, 67, torch.float32, seed=11)
-    ys = [_products(kernels, x, act, weight, dy, torch.float32, n, products=("y",))["y"]
+    x, act, weight, dy = inputs(16, 5, 64, 67, torch.float32, seed=11)
+    ys = [products(kernels, x, act, weight, dy, n, names=("y",))["y"]
           for n in (5, 5, 6)]
     total = torch.zeros(16, 67)
     for i in range(5):
-        part = _products(kernels, x[:, i:i + 1].contiguous(), act,
-                         weight[:, i:i + 1].contiguous(), dy, torch.float32, 1,
-                         products=("y",))["y"]
+        part = products(kernels, x[:, i:i + 1].contiguous(), act,
+                        weight[:, i:i + 1].contiguous(), dy, 1, names=("y",))["y"]
         total = total + part
     for y in ys:
         assert torch.equal(y, total)
-    one_chain = _products(kernels, x, act, weight, dy, torch.float32, 1, products=("y",))["y"]
+    one_chain = products(kernels, x, act, weight, dy, 1, names=("y",))["y"]
     assert not torch.equal(one_chain, total)  # another order: the test can tell orders apart
 
 
@@ -293,9 +212,9 @@ def _tf32_model(x, act, weight, dy):
     dx_ = _tf32(dy[:, :, None] * x[:, None, :]).double()  # [B, O, I]
     w = _tf32(weight).double()
     return {"y": torch.einsum("bis,ois->bo", xa, w),
-            "x": torch.einsum("bos,ois->bi", da, w),
-            "act": torch.einsum("boi,ois->bs", dx_, w),
-            "weight": torch.einsum("bo,bis->ois", _tf32(dy).double(), xa)}
+            "dx": torch.einsum("bos,ois->bi", da, w),
+            "dact": torch.einsum("boi,ois->bs", dx_, w),
+            "dweight": torch.einsum("bo,bis->ois", _tf32(dy).double(), xa)}
 
 
 @pytest.mark.parametrize("shape", [(70, 6, 11, 67), (40, 3, 16, 5)],
@@ -305,16 +224,15 @@ def test_tf32_matches_a_cpu_model_of_tf32(kernels, shape):
     16-byte runs, P = 11 not): within float32's tolerance of the CPU model of TF32, within
     TF32's of the oracle, for one split and three."""
     kernels.glai_emulation_set_compute_capability(80)
-    x, act, weight, dy = _inputs(*shape, torch.float32, seed=sum(shape))
-    expected, scale = _oracle(x, act, weight, dy)
+    x, act, weight, dy = inputs(*shape, torch.float32, seed=sum(shape))
+    expected, scale = oracle(x, act, weight, dy)
     model = _tf32_model(x, act, weight, dy)
     for splits in (1, 3):
-        got = _products(kernels, x, act, weight, dy, torch.float32, splits, tf32=True)
+        got = products(kernels, x, act, weight, dy, splits, tf32=True)
         for name, value in got.items():
-            key = OUT_KEYS[name]
-            to_model = worst_error(value, model[key], scale[key])
+            to_model = worst_error(value, model[name], scale[name])
             assert to_model <= tolerance(torch.float32), f"{name}: {to_model:.3g} off the model"
-            error = worst_error(value, expected[key], scale[key])
+            error = worst_error(value, expected[name], scale[name])
             assert error <= tolerance(torch.float32, tf32=True), f"{name}: error {error:.3g}"
 
 
@@ -325,14 +243,14 @@ def test_tf32_rounds_where_allowed_and_only_there(kernels):
     y = K·(1 + 2^-10) exactly, an error of 4.9e-4 of the scale, over float32's tolerance and
     within TF32's. Without TF32 allowed, at B <= 32 (the chains) and below sm_80, full float32
     gives K·(1 + 2^-11) exactly."""
-    batch, inputs, paths, outputs = 40, 3, 5, 7
-    k = inputs * paths
+    batch, width, paths, outputs = 40, 3, 5, 7  # width: I
+    k = width * paths
     ones = torch.ones
-    x, act, dy = ones(batch, inputs), ones(batch, paths), ones(batch, outputs)
-    weight = torch.full((outputs, inputs, paths), 1 + 2.0 ** -11)
-    expected, scale = _oracle(x, act, weight, dy)
+    x, act, dy = ones(batch, width), ones(batch, paths), ones(batch, outputs)
+    weight = torch.full((outputs, width, paths), 1 + 2.0 ** -11)
+    expected, scale = oracle(x, act, weight, dy)
     kernels.glai_emulation_set_compute_capability(80)
-    y = _products(kernels, x, act, weight, dy, torch.float32, 1, tf32=True, products=("y",))["y"]
+    y = products(kernels, x, act, weight, dy, 1, names=("y",), tf32=True)["y"]
     assert torch.equal(y, torch.full_like(y, k * (1 + 2.0 ** -10)))
     error = worst_error(y, expected["y"], scale["y"])
     assert tolerance(torch.float32) < error <= tolerance(torch.float32, tf32=True)
@@ -340,6 +258,6 @@ def test_tf32_rounds_where_allowed_and_only_there(kernels):
     cases = [(80, batch, False), (80, 16, True), (60, batch, True)]  # (arch, B, TF32 allowed)
     for arch, b, allowed in cases:
         kernels.glai_emulation_set_compute_capability(arch)
-        y = _products(kernels, x[:b], act[:b], weight, dy[:b], torch.float32, 1, tf32=allowed,
-                      products=("y",))["y"]
+        y = products(kernels, x[:b], act[:b], weight, dy[:b], 1, names=("y",),
+                     tf32=allowed)["y"]
         assert torch.equal(y, exact[:b]), (arch, b, allowed)

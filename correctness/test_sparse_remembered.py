@@ -1,6 +1,8 @@
 """An eager call on a SparsePathWeight remembers that its checks passed (glai_kernels/sparse/
 op.py, `_remember` / `_remembered_call`): the next call with the same unedited index and
 inputs of the same kind skips `check_inputs`' Python; anything else takes the full path.
+What it found is kept on the index's entry in sparse/checked.py's memory, under that
+memory's one key, so an edit that makes the index's contents be checked again also drops it.
 
 - the remembered call gives the full path's y and gradients bit for bit, and `check_inputs`
   does not run for it (it did before: this test fails on the code before stop 46);
@@ -9,19 +11,23 @@ inputs of the same kind skips `check_inputs`' Python; anything else takes the fu
 - inputs that differ from the remembered call's (dtype, sizes, bias, an empty batch, no
   gradient, autocast) take the full path and its errors or results;
 - the memory does not keep a SparsePathWeight alive, and never holds an index of inference
-  tensors (no version counter).
+  tensors (no version counter);
+- an in-place edit of an index buffer invalidates both uses of the one memory: the eager
+  call's record and the index's checked contents.
 """
 
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
 from sparse_checker import sparse_problem
 
 import glai_kernels.sparse as sparse
-from glai_kernels.sparse import SPARSE_ESTIMATOR
+from glai_kernels.sparse import SPARSE_ESTIMATOR, checked
+from glai_kernels.sparse import contract as sparse_contract
 from glai_kernels.sparse import op as sparse_op
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.weight import SparsePathWeight
@@ -40,18 +46,29 @@ def _setup(dtype=torch.float32, seed=3):
     return x, act, sw, bias.requires_grad_(), dy
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """How many times the sparse op's `check_inputs` ran."""
+def _call_record(sw: SparsePathWeight) -> object | None:
+    """What the memory keeps of the last eager call with sw's own index, else None."""
+    index = sw.index
+    return checked.recall_call(checked.key_of(index, sw.device, sw.nnz), index)
+
+
+def _counting(monkeypatch, module, name: str) -> list[int]:
+    """[how many times module.name ran] from now on, the function itself still run."""
     calls = [0]
-    real = sparse_op.check_inputs
+    real = getattr(module, name)
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sparse_op, "check_inputs", counting)
+    monkeypatch.setattr(module, name, counting)
     return calls
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many times the sparse op's `check_inputs` ran."""
+    return _counting(monkeypatch, sparse_op, "check_inputs")
 
 
 def _run(x, act, sw, bias, dy, backend="cpp"):
@@ -130,7 +147,7 @@ def test_other_inputs_take_the_full_path_and_its_errors(case):
            "act width": lambda: (x, act[:, 1:], bias),
            "bias size": lambda: (x, act, bias[1:]),
            "bias dtype": lambda: (x, act, bias.double())}[case]()
-    sparse_op._REMEMBERED.clear()
+    checked.clear()
     with pytest.raises((ValueError, TypeError)) as without:
         sparse.estimator(bad[0], bad[1], sw, bad[2], backend="cpp")
     _run(x, act, sw, bias, dy)
@@ -152,11 +169,13 @@ def test_empty_batch_and_autocast_take_the_full_path():
 def test_the_memory_keeps_no_weight_alive():
     x, act, sw, bias, dy = _setup()
     _run(x, act, sw, bias, dy)
-    key = id(sw)
-    assert key in sparse_op._REMEMBERED
+    key = checked.key_of(sw.index, sw.device, sw.nnz)
+    assert key in checked._MEMORY and _call_record(sw) is not None
+    alive = weakref.ref(sw)
     del sw
     gc.collect()
-    assert key not in sparse_op._REMEMBERED
+    assert alive() is None
+    assert key not in checked._MEMORY
 
 
 def test_an_index_of_inference_tensors_is_never_remembered(counted):
@@ -167,4 +186,31 @@ def test_an_index_of_inference_tensors_is_never_remembered(counted):
     sw = SparsePathWeight(sw.values.detach(), KeptIndex(*index))
     expected = sparse.estimator(x, act, sw, backend="cpp")
     assert torch.equal(sparse.estimator(x, act, sw, backend="cpp"), expected)
-    assert id(sw) not in sparse_op._REMEMBERED and counted[0] == 2
+    assert _call_record(sw) is None and counted[0] == 2
+    assert not any(ref() is t for entry in checked._MEMORY.values() for ref in entry.refs
+                   for t in index)
+
+
+def test_an_in_place_edit_invalidates_both_uses_through_one_key(counted, monkeypatch):
+    """The eager call's record and the index's checked contents live on one entry of one
+    memory (sparse/checked.py), under one key: an in-place edit that leaves the contents valid
+    (the version counter moves) makes the next call check its inputs and the index's contents
+    again, and remember both anew under the new key."""
+    contents = _counting(monkeypatch, sparse_contract, "check_contents")
+    x, act, sw, bias, dy = _setup()
+    expected = _run(x, act, sw, bias, dy)
+    _run(x, act, sw, bias, dy)
+    assert (counted[0], contents[0]) == (1, 0)  # the index was checked when sw was built
+    before = checked.key_of(sw.index, sw.device, sw.nnz)
+    assert checked.recall(before, sw.index) is not None and _call_record(sw) is not None
+    with torch.no_grad():
+        sw.inputs[0] = sw.inputs[0].clone()  # the same value: only the version moves
+    after = checked.key_of(sw.index, sw.device, sw.nnz)
+    assert after != before
+    assert checked.recall(after, sw.index) is None and _call_record(sw) is None
+    for a, b in zip(expected, _run(x, act, sw, bias, dy), strict=True):
+        assert torch.equal(a, b)
+    assert (counted[0], contents[0]) == (2, 1)
+    assert checked.recall(after, sw.index) is not None and _call_record(sw) is not None
+    _run(x, act, sw, bias, dy)
+    assert (counted[0], contents[0]) == (2, 1)

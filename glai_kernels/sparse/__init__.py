@@ -12,8 +12,9 @@ machine's `glai_kernels/dispatch/<machine kind>.sparse_estimator.json` where one
 
 Modules: `layout` (the index tensors, documented for kernel writers), `weight`
 (`SparsePathWeight`), `contract` (argument checks), `checked` (the indices already validated,
-remembered), `registry` (`SPARSE_ESTIMATOR` and the backend signatures), `op` (the custom
-ops, on the core both ops share: glai_kernels/calls.py),
+remembered, each with what the last eager call with it found), `registry` (`SPARSE_ESTIMATOR`
+and the backend signatures), `op` (the custom ops, on the core both ops share:
+glai_kernels/calls.py),
 `backends/` (one file per backend), `reference` (the passes over the layout in float64).
 """
 

@@ -15,12 +15,17 @@ keep no version counter, so an index of them is never remembered (checked on eve
 An entry holds weak references to its tensors: it never keeps an index alive, it is dropped
 when one of them is freed (so an id reused by a new tensor cannot match it), and a hit is
 confirmed against them. At most `CAPACITY` entries are kept, the oldest dropped first.
+
+The eager calls on a SparsePathWeight use the same memory (sparse/op.py, "eager calls on a
+SparsePathWeight checked before"): what the last one found for an index is kept on that
+index's entry (`remember_call` / `recall_call`), so it is forgotten with the entry, under the
+same key, when a tensor of the index is edited, replaced or freed.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,32 +33,52 @@ from glai_kernels.sparse.layout import KeptIndex
 
 Sizes = tuple[int, int, int, int]  # (O, I, P, G)
 CAPACITY = 256
-_MEMORY: dict[tuple, tuple[Sizes, tuple[weakref.ref, ...]]] = {}
 
 
-def key_of(index: KeptIndex, device: torch.device, nnz: int) -> tuple | None:
-    """The memory's key for `index` checked for values [K = nnz] on `device`; None where a
-    tensor has no version counter (an inference tensor) or no readable storage (fake,
-    functional or batched tensors)."""
-    # plain tensors only: a fake tensor's data pointer is deprecated (it warns) and means nothing
-    if any(type(t) is not torch.Tensor for t in index):
-        return None
+class _Entry:
+    """One remembered index: its sizes, weak references to its ten tensors, and what the
+    last eager call with it recorded (sparse/op.py; None until one did)."""
+
+    __slots__ = ("call", "refs", "sizes")
+
+    def __init__(self, sizes: Sizes, refs: tuple[weakref.ref, ...]) -> None:
+        self.sizes = sizes
+        self.refs = refs
+        self.call: object | None = None
+
+
+_MEMORY: dict[tuple, _Entry] = {}
+
+
+def key_of(index: Sequence[torch.Tensor], device: torch.device, nnz: int) -> tuple | None:
+    """The memory's key for `index` (its ten tensors, in KeptIndex order) checked for values
+    [K = nnz] on `device`; None where a tensor has no version counter (an inference tensor)
+    or no readable storage (fake, functional or batched tensors)."""
+    # plain tensors only (the filter, in the one pass: an eager call computes this key on
+    # every call): a fake tensor's data pointer is deprecated (it warns) and means nothing
     try:
-        return (device, nnz, *[(id(t), t._version, t.data_ptr(), t.shape) for t in index])
+        state = [(id(t), t._version, t.data_ptr(), t.shape) for t in index
+                 if type(t) is torch.Tensor]
     except (AttributeError, RuntimeError):
         return None
+    return (device, nnz, *state) if len(state) == len(index) else None
+
+
+def _entry(key: tuple | None, index: Sequence[torch.Tensor]) -> _Entry | None:
+    """The live entry under `key` for these very tensors, else None."""
+    entry = _MEMORY.get(key) if key is not None else None
+    if entry is None:
+        return None
+    for ref, t in zip(entry.refs, index, strict=True):
+        if ref() is not t:  # a dead entry whose callback has not run yet
+            return None
+    return entry
 
 
 def recall(key: tuple | None, index: KeptIndex) -> Sizes | None:
     """The sizes remembered under `key` for these very tensors, else None."""
-    entry = _MEMORY.get(key) if key is not None else None
-    if entry is None:
-        return None
-    sizes, refs = entry
-    for ref, t in zip(refs, index, strict=True):
-        if ref() is not t:  # a dead entry whose callback has not run yet
-            return None
-    return sizes
+    entry = _entry(key, index)
+    return None if entry is None else entry.sizes
 
 
 def remember(key: tuple | None, index: KeptIndex, sizes: Sizes) -> None:
@@ -65,7 +90,27 @@ def remember(key: tuple | None, index: KeptIndex, sizes: Sizes) -> None:
     if len(_MEMORY) >= CAPACITY:  # the oldest first (a dict keeps insertion order)
         for stale in list(_MEMORY)[:len(_MEMORY) - CAPACITY + 1]:
             _MEMORY.pop(stale, None)
-    _MEMORY[key] = (sizes, refs)
+    _MEMORY[key] = _Entry(sizes, refs)
+
+
+def remember_call(key: tuple | None, index: KeptIndex, call: object) -> None:
+    """Keep `call`, what an eager call with `index` found (sparse/op.py), on the entry of
+    `index` under `key`, replacing the last one; nothing where no entry is live (an index
+    never remembered: inference tensors, or one dropped since)."""
+    entry = _entry(key, index)
+    if entry is not None:
+        entry.call = call
+
+
+def recall_call(key: tuple | None, index: Sequence[torch.Tensor]) -> object | None:
+    """What `remember_call` kept for these very tensors under `key`, else None.
+
+    On every eager call, so without `recall`'s look at the weak references: `index` is live
+    and its ids are in `key`, and an entry goes when one of its tensors is freed (the
+    callback runs as the tensor is deallocated, before its id can be reused), so an entry
+    under this key holds these very tensors."""
+    entry = _MEMORY.get(key)  # a None key finds nothing
+    return None if entry is None else entry.call
 
 
 def _forgetter(key: tuple) -> Callable[[weakref.ref], None]:
@@ -76,5 +121,5 @@ def _forgetter(key: tuple) -> Callable[[weakref.ref], None]:
 
 
 def clear() -> None:
-    """Forget every index (tests: the next call of each is checked again)."""
+    """Forget every index and eager call (tests: the next call of each is checked again)."""
     _MEMORY.clear()

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import operator
 import os
-import weakref
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -31,6 +29,7 @@ from torch.autograd import forward_ad
 from glai_kernels import autocast, calls, dispatch, transforms
 from glai_kernels.autocast import autocast_dtype, autocast_inputs
 from glai_kernels.registry import AUTO, ENV_VAR, Backend
+from glai_kernels.sparse import checked
 from glai_kernels.sparse.contract import SparseShape, as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
 from glai_kernels.sparse.registry import SPARSE_ESTIMATOR
@@ -220,41 +219,27 @@ def contiguous_index(index: KeptIndex) -> KeptIndex:
 # what it costs timed alone (the step's working set evicts it between calls): `check_inputs`
 # measured ≈ 16 µs of the A2 step against ≈ 7 µs alone (docs/notes/pipeline.md, "The
 # ordinary GLAI step, second pass (issue 41, stop 46)"). An eager call on a SparsePathWeight
-# whose index passed `check_inputs` remembers that check: the next call with the same index
-# tensors, unedited (identity, version, data pointer, shape, as sparse/checked.py keys them),
-# and inputs the checks would pass runs without the checks' Python; anything else takes the
-# full path, whose checks raise the errors.
+# whose index passed `check_inputs` remembers that check on the index's entry in
+# sparse/checked.py's memory: the next call with the same index tensors, unedited (that
+# memory's one key: identity, version, data pointer, shape), and inputs the checks would pass
+# runs without the checks' Python; anything else takes the full path, whose checks raise the
+# errors.
+
+
+_INDEX_TENSORS = len(KeptIndex._fields)
 
 
 class _Remembered(NamedTuple):
-    """What the last eager call on one SparsePathWeight found, kept for the next one."""
+    """What the last eager call with one index found, kept on that index's entry in
+    sparse/checked.py's memory (under its key: identities, versions, data pointers, shapes)."""
 
-    owner: weakref.ref  # the SparsePathWeight
-    tensors: tuple[torch.Tensor, ...]  # its index buffers as checked, in KeptIndex order
-    state: list  # (version, data pointer, shape) of each when checked
     dtype: torch.dtype
     device: torch.device
     autocast: str | None  # the device type when torch.autocast has one for it
     sizes: tuple[int, int, int, int, int]  # (O, I, P, K, G), none of them 0
     bias_shape: torch.Size  # [O]
-    index: KeptIndex  # contiguous: what the backend gets
-
-
-# id(sw) -> what its last checked eager call found; a plain dict (WeakKeyDictionary's Python
-# get costs more), each entry dropped with its SparsePathWeight
-_REMEMBERED: dict[int, _Remembered] = {}
-
-
-def _index_state(tensors) -> list:
-    return [(t._version, t.data_ptr(), t.shape) for t in tensors]
-
-
-def _forget(key: int) -> Callable[[weakref.ref], None]:
-    def forget(ref: weakref.ref) -> None:
-        kept = _REMEMBERED.get(key)
-        if kept is not None and kept.owner is ref:
-            del _REMEMBERED[key]
-    return forget
+    index: KeptIndex | None  # a contiguous copy for the backend; None: the index itself is
+    # (the entry holds only weak references to the index: this must not keep it alive)
 
 
 def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: torch.Tensor,
@@ -264,22 +249,13 @@ def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: 
     tensors = tuple(sw._buffers.values())
     if (len(tensors) != len(index) or not all(map(operator.is_, tensors, index))
             or not (shape.outputs and shape.inputs and shape.paths and shape.nnz
-                    and shape.groups)
-            or any(type(t) is not torch.Tensor for t in tensors)):
-        return
-    try:
-        state = _index_state(tensors)
-    except RuntimeError:  # inference tensors keep no version counter: never remembered
+                    and shape.groups)):
         return
     device = x.device
-    kept = _REMEMBERED.get(id(sw))
-    owner = kept.owner if kept is not None and kept.owner() is sw else weakref.ref(
-        sw, _forget(id(sw)))
-    _REMEMBERED[id(sw)] = _Remembered(
-        owner, tensors, state, x.dtype, device,
-        device.type if device.type in autocast.AUTOCAST_DEVICES else None,
+    checked.remember_call(checked.key_of(index, device, shape.nnz), index, _Remembered(
+        x.dtype, device, device.type if device.type in autocast.AUTOCAST_DEVICES else None,
         (shape.outputs, shape.inputs, shape.paths, shape.nnz, shape.groups),
-        torch.Size([shape.outputs]), contiguous)
+        torch.Size([shape.outputs]), None if contiguous is index else contiguous))
 
 
 def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
@@ -296,22 +272,21 @@ def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
     checks in Python, against the remembered call's dtype, device and sizes."""
     if torch.compiler.is_compiling():  # Dynamo traces the full path (and its checks)
         return None
-    kept = _REMEMBERED.get(id(sw))
-    if kept is None or kept.owner() is not sw:
-        return None
     values = sw._parameters.get("values")
-    tensors = tuple(sw._buffers.values())
+    # its index buffers, in KeptIndex order (`_remember` saw them so); the length is checked
+    tensors = tuple.__new__(KeptIndex, sw._buffers.values())
     if not (type(x) is torch.Tensor and type(act) is torch.Tensor
             and type(values) in calls._PLAIN and (bias is None or type(bias) in calls._PLAIN)
-            and len(tensors) == len(kept.tensors)
-            and all(map(operator.is_, tensors, kept.tensors))
-            and [(t._version, t.data_ptr(), t.shape) for t in tensors] == kept.state
-            and (kept.autocast is None or not torch.is_autocast_enabled(kept.autocast))
+            and len(tensors) == _INDEX_TENSORS
             # calls.eager_route's modes and calls.transformed, inline
             and not (torch._C._len_torch_dispatch_stack()
                      or torch._C._is_torch_function_mode_enabled()
                      or torch._C._are_functorch_transforms_active()
                      or forward_ad._current_level >= 0)):
+        return None
+    kept = checked.recall_call(checked.key_of(tensors, values.device, values.numel()), tensors)
+    if type(kept) is not _Remembered or (kept.autocast is not None
+                                         and torch.is_autocast_enabled(kept.autocast)):
         return None
     dtype, device = kept.dtype, kept.device
     if impl is None:
@@ -322,7 +297,7 @@ def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
             impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
         except (ValueError, RuntimeError):
             return None
-    rest = (kept.index,)
+    rest = (tensors if kept.index is None else kept.index,)
     eager = impl.eager
     if eager is not None:
         if not (x.numel() > 0 and (bias is None or (bias.dtype is values.dtype

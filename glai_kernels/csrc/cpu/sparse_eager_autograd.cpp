@@ -23,34 +23,17 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
-#include <memory>
+#include "eager_node.h"
+
 #include <string>
 #include <tuple>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace glai_ext {
 namespace {
-
-using torch::autograd::variable_list;
-
-// as ../eager_autograd.cpp: a node made the way this torch's Edge holds one (c10::intrusive_ptr
-// in torch 2.13, std::shared_ptr in earlier releases)
-using NodeHandle = decltype(torch::autograd::Edge::function);
-
-template <class N>
-auto make_node() {
-  if constexpr (std::is_same_v<NodeHandle, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<N>();
-  } else {
-    return c10::make_intrusive<N>();
-  }
-}
 
 std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& x, const at::Tensor& act,
                                                 const at::Tensor& values,
@@ -91,64 +74,33 @@ std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor&
   return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
 }
 
-// The node the eager path records: a plain autograd Node, as ../eager_autograd.cpp's (a
-// torch::autograd::Function's CppNode, context and saved_data map cost more). Its next edges
-// are x, act, values and bias (an empty edge when there is no bias); the index gets none.
-struct SparseEstimatorBackward : public torch::autograd::Node {
-  variable_list apply(variable_list&& grads) override {
-    variable_list out(4);
-    const at::Tensor& dy = grads[0];
-    if (!dy.defined()) return out;  // no gradient reached y: none for its inputs
-    const bool need_x = task_should_compute_output(0), need_act = task_should_compute_output(1);
-    const bool need_values = task_should_compute_output(2);
-    const bool need_bias = has_bias && task_should_compute_output(3);
-    if (need_x || need_act || need_values) {
-      // unpacking checks the saved versions: an input changed in place since the forward
-      // fails here, as for any autograd node
-      const at::Tensor x = x_.unpack(), act = act_.unpack(), values = values_.unpack();
-      at::Tensor saved = saved_.unpack();
-      if (at::GradMode::is_enabled()) {
-        if (!saved.defined()) saved = at::empty({0}, x.options());
-        auto g = call_backward_op(dy, x, act, values, index, saved, need_x, need_act,
-                                  need_values, backend);
-        for (int k = 0; k < 3; ++k) out[k] = g[k];
-      } else {
-        at::AutoDispatchBelowADInplaceOrView below;
-        // nothing kept: the kernels recompute the group sums if dact needs them
-        if (!saved.defined()) saved = at::empty({0}, x.options());
-        std::tie(out[0], out[1], out[2]) =
-            call_backward(dy.contiguous(), x.contiguous(), act.contiguous(),
-                          values.contiguous(), index, saved,
-                          c10::List<bool>({need_x, need_act, need_values}));
-      }
-      if (!need_x) out[0] = at::Tensor();
-      if (!need_act) out[1] = at::Tensor();
-      if (!need_values) out[2] = at::Tensor();
-    }
-    if (need_bias) {
-      const auto t = dy.scalar_type();
-      const auto acc = t == at::kDouble ? at::kDouble : at::kFloat;  // accumulation_dtype
-      out[3] = dy.sum(0, false, acc).to(t);
-    }
-    return out;
+// The node the eager path records (../eager_node.h: its plumbing, shared with the dense op's):
+// the backward op glai_ext::sparse_backward, or glai::sparse_estimator_backward for a graph.
+// The index gets no edge. `saved` is an empty [0] for the backward when the forward kept
+// nothing, as the Python Function passes it (the kernels then recompute the group sums if
+// dact needs them).
+struct SparseEstimatorBackward : public eager::EagerBackward<SparseEstimatorBackward> {
+  // the weight of eager::BackwardArgs is the values [K]
+  std::vector<at::Tensor> graph_backward(const eager::BackwardArgs& a) {
+    return call_backward_op(a.dy, a.x, a.act, a.weight, index, kept(a), a.need_x, a.need_act,
+                            a.need_weight, backend);
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const eager::BackwardArgs& a) {
+    return call_backward(a.dy.contiguous(), a.x.contiguous(), a.act.contiguous(),
+                         a.weight.contiguous(), index, kept(a),
+                         c10::List<bool>({a.need_x, a.need_act, a.need_weight}));
+  }
+
+  static at::Tensor kept(const eager::BackwardArgs& a) {
+    return a.saved.defined() ? a.saved : at::empty({0}, a.x.options());
   }
 
   std::string name() const override { return "glai::SparseEstimatorBackward"; }
 
-  // after a backward without retain_graph: frees the saved tensors (a second backward then
-  // fails with autograd's own message)
-  void release_variables() override {
-    x_.reset_data();
-    act_.reset_data();
-    values_.reset_data();
-    saved_.reset_data();
-    index.clear();
-  }
+  void release_own() { index.clear(); }
 
-  torch::autograd::SavedVariable x_, act_, values_, saved_;
   std::vector<at::Tensor> index;  // contiguous (the caller's), never differentiated
-  std::string backend;
-  bool has_bias = false;
 };
 
 at::Tensor sparse_estimator_eager(const at::Tensor& x, const at::Tensor& act,
@@ -167,19 +119,11 @@ at::Tensor sparse_estimator_eager(const at::Tensor& x, const at::Tensor& act,
         call_forward(x.contiguous(), act.contiguous(), values.contiguous(), index, save);
     if (has_bias) y = y.add(*bias);
   }
-  if (!torch::autograd::compute_requires_grad(x, act, values, bias)) return y;
-  auto node = make_node<SparseEstimatorBackward>();
-  node->set_next_edges(torch::autograd::collect_next_edges(x, act, values, bias));
   // the inputs as the caller gave them (their versions checked at the backward), made
   // contiguous there as the Python Function's backward does
-  node->x_ = torch::autograd::SavedVariable(x, false);
-  node->act_ = torch::autograd::SavedVariable(act, false);
-  node->values_ = torch::autograd::SavedVariable(values, false);
-  node->saved_ = torch::autograd::SavedVariable(save ? saved : at::Tensor(), false);
-  node->index = std::move(index);
-  node->backend = std::string(backend);
-  node->has_bias = has_bias;
-  torch::autograd::set_history(y, node);
+  auto node = eager::record<SparseEstimatorBackward>(y, x, act, values, bias,
+                                                      save ? saved : at::Tensor(), backend);
+  if (node) node->index = std::move(index);
   return y;
 }
 

@@ -107,11 +107,12 @@ struct Operands {
 };
 
 // ---- the four products as GEMMs with a formed operand (see estimator_kernels.cuh) -------
-// Each Op: sizes M, N, K; divisors splitting k and n into (hi, lo); a(m, k) and b(k, n);
-// and whether each operand's element index runs fastest along k (for coalesced tile loads).
-// Where B is the weight itself (kBRaw: y, dx, dact), b_raw(k, n) is its element's address and
+// Each Op: sizes M, N, K; divisors splitting k and n into (hi, lo); a(m, k); and whether each
+// operand's element index runs fastest along k (for coalesced tile loads). Where B is the
+// weight itself (kBRaw: y, dx, dact), b_raw(k, n) is its element's address (b_of reads it) and
 // b_runs(v) says whether every v elements along B's fast direction that start at a multiple
-// of v are v consecutive elements of the weight (one 16-byte copy when v = 16 / sizeof(T)).
+// of v are v consecutive elements of the weight (one 16-byte copy when v = 16 / sizeof(T));
+// where B is formed (dweight), b(k, n) is its element.
 
 template <typename T>
 struct YOp {  // y[b, o] = sum_{(i,s)} (x[b,i] act[b,s]) w[o, i*P + s]
@@ -128,9 +129,6 @@ struct YOp {  // y[b, o] = sum_{(i,s)} (x[b,i] act[b,s]) w[o, i*P + s]
   }
   __device__ const T* b_raw(int64_t k, Idx, int64_t n, Idx) const {
     return d.w + n * (d.I * d.P) + k;
-  }
-  __device__ acc b(int64_t k, Idx ki, int64_t n, Idx ni) const {
-    return Num<T>::in(*b_raw(k, ki, n, ni));
   }
   __host__ __device__ bool b_runs(int64_t v) const { return K() % v == 0; }  // rows of w
 };
@@ -151,9 +149,6 @@ struct DxOp {  // dx[b, i] = sum_{(o,s)} (dy[b,o] act[b,s]) w[o, i, s]
   __device__ const T* b_raw(int64_t, Idx k, int64_t n, Idx) const {
     return d.w + (k.hi * d.I + n) * d.P + k.lo;
   }
-  __device__ acc b(int64_t k, Idx ki, int64_t n, Idx ni) const {
-    return Num<T>::in(*b_raw(k, ki, n, ni));
-  }
   // k = (o, s) runs along s: a run stays inside one o when P is a multiple of v
   __host__ __device__ bool b_runs(int64_t v) const { return d.P % v == 0; }
 };
@@ -172,9 +167,6 @@ struct DactOp {  // dact[b, s] = sum_{(o,i)} (dy[b,o] x[b,i]) w[o*I + i, s]
     return Num<T>::in(d.dy[m * d.O + k.hi]) * Num<T>::in(d.x[m * d.I + k.lo]);
   }
   __device__ const T* b_raw(int64_t k, Idx, int64_t n, Idx) const { return d.w + k * d.P + n; }
-  __device__ acc b(int64_t k, Idx ki, int64_t n, Idx ni) const {
-    return Num<T>::in(*b_raw(k, ki, n, ni));
-  }
   __host__ __device__ bool b_runs(int64_t v) const { return d.P % v == 0; }  // rows of w[o, i]
 };
 
@@ -193,6 +185,17 @@ struct DweightOp {  // dweight[o, i*P + s] = sum_b dy[b,o] (x[b,i] act[b,s])
     return Num<T>::in(d.x[k * d.I + n.hi]) * Num<T>::in(d.act[k * d.P + n.lo]);
   }
 };
+
+// B's element (k, n) of an Op in the accumulation type: the weight's, read through b_raw, where
+// B is the weight itself (kBRaw), else the Op's formed b(k, n).
+template <typename T, class Op>
+__device__ inline typename Num<T>::acc b_of(const Op& op, int64_t k, Idx ki, int64_t n, Idx ni) {
+  if constexpr (Op::kBRaw) {
+    return Num<T>::in(*op.b_raw(k, ki, n, ni));
+  } else {
+    return op.b(k, ki, n, ni);
+  }
+}
 
 // ---- CUDA-core kernel ------------------------------------------------------------------
 
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(kSimtThreads, 2)
       const int nn = Op::kBAlongK ? e / BK : e % BN;
       const int kk = Op::kBAlongK ? e % BK : e / BN;
       const int64_t n = n0 + nn, k = k0 + kk;
-      b_tile[kk][nn] = (n < N && k < K) ? op.b(k, k_index[kk], n, n_index[nn]) : acc(0);
+      b_tile[kk][nn] = (n < N && k < K) ? b_of<T>(op, k, k_index[kk], n, n_index[nn]) : acc(0);
     }
     __syncthreads();
 #pragma unroll
