@@ -11,6 +11,8 @@
 #include "sparse_kernels.h"
 
 #if GLAI_X86
+#include <immintrin.h>  // the AVX-512 copy's few intrinsics (sparse_kernels.inc, round_weights)
+
 GLAI_ISA_BEGIN(GLAI_TARGET_AVX512)
 namespace glai_cpu::sparse::avx512 {
 #define VBYTES 64
