@@ -79,6 +79,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                 "the pure-PyTorch candidates for the sparse torch backend"),
     "sparse-train-step": ("bench.studies.sparse_train_step",
                           "a GLAI training step on sparse cpp against the MLP's, per head"),
+    "sparse-kernels-floor": ("bench.studies.sparse_kernels_floor",
+                             "the sparse cpp kernels of a training step per kept entry"),
     "vmap-heads": ("bench.studies.vmap_heads",
                    "torch.func.vmap over stacked heads against a loop of them (issue 43)"),
     "check-cuda": ("bench.tools.check_cuda",

@@ -2,8 +2,8 @@
 (docs/notes/sparse.md, "The sparse kernels against their floor (issue 41, stop 47)", has the
 floors and the results).
 
-    python -m bench.studies.sparse_kernels_floor [--heads B1 B2 A2 C2] [--repeats 7]
-                                                [--ghz 4.2]
+    glai-bench sparse-kernels-floor [--heads B1 B2 A2 C2] [--repeats 7]
+                                        [--ghz 4.2]
 
 Per head, the head `bench.studies.sparse_train_step` trains (the paper's batch, float32, one
 thread), the three ops a training step calls, on this thread's CPU clock:
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.cli_types import positive_int
+from bench.cli_types import positive_float, positive_int
 from glai_kernels import extension
 from glai_kernels.glai import match, paper_training, prune
 from glai_kernels.glai.mlp import make_mlp
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", nargs="+", default=["B1", "B2", "A2", "C2"],
                         choices=list(PAPER_HEADS))
     parser.add_argument("--repeats", type=positive_int, default=7)
-    parser.add_argument("--ghz", type=float, default=4.2,
+    parser.add_argument("--ghz", type=positive_float, default=4.2,
                         help="the clock the cycles assume (default 4.2)")
     args = parser.parse_args(argv)
     extension.load()

@@ -105,6 +105,8 @@ BAD_ARGUMENTS = [
     (["sparse-torch-candidates", "--batches", "0"], "argument --batches: must be a positive"),
     (["sparse-train-step", "--threads", "0"], "argument --threads: must be a positive"),
     (["sparse-train-step", "--backend", "nope"], "argument --backend: unknown"),
+    (["sparse-kernels-floor", "--ghz", "-1"], "argument --ghz: must be a positive number"),
+    (["sparse-kernels-floor", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
     (["dispatch-overhead", "--rounds", "3"], "unrecognized arguments: --rounds 3"),
     (["predict", "--out", "x"], "unrecognized arguments: --out x"),
     (["holdout", "--hold", "0"], "argument --hold: must be a positive integer"),
