@@ -207,11 +207,15 @@ def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
 # applies that class, whose forward unwraps them, pops the level and calls custom_function_call
 # again one level down. When the innermost transform is a vmap or a grad the op takes those
 # steps itself: `batched` as the vmap rule, one single-level Function class per grad level
-# (made once) whose forward calls `apply` one level down, so the level below is taken
+# (made once) whose forward calls the op one level down, so the level below is taken
 # directly too. The same tensors, the same autograd records, without about half of the Python
 # of a vmapped call of a stacked head (docs/notes/cpu-kernels.md, "vmap over stacked heads
 # (issue 43, stop 45)"). The bias is added on the unwrapped tensors, as functorch's batching
-# rule of add does.
+# rule of add does; under a grad it is an operand of the level's Function, added one level
+# down (in the folded call of stacked heads), its gradient the sum of g over the rows. A call
+# that the grad level would not record (nothing it depends on needs a gradient there) skips
+# the Function: unwrapped, one level down, wrapped, as functorch takes an aten op there
+# (docs/notes/cpu-kernels.md, "vmap over stacked heads, third pass (issue 43, stop 47)").
 
 
 def _innermost():
@@ -444,10 +448,10 @@ def _gradients(c: Contraction, k: int, g: torch.Tensor, slots: Sequence, rest: t
             level = top.level()
             g, slots = unwrap_if_dead(g), [None if t is None else unwrap_if_dead(t)
                                            for t in slots]
-            feeds = [g, *rest, *(t for i, t in enumerate(slots)
-                                 if i != k and any(need for j, need in enumerate(needs)
-                                                   if j != i))]
-            if not calls.records_gradient(tuple(feeds)):
+            # slot i feeds every gradient asked for but its own (slot k's place is g's)
+            asked = sum(needs)
+            feeds = (g, *rest, *(t for i, t in enumerate(slots) if i != k and asked > needs[i]))
+            if not calls.records_gradient(feeds):
                 inner = [None if t is None else _unwrap_for_grad(t, level)
                          for t in (g, *slots, *rest)]
                 with _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode()):
