@@ -594,6 +594,36 @@ def test_stacked_heads_grad_backward_has_no_grad_level_function(recorded, monkey
         assert [c[0] for c in calls] == ["eager", "backward", "dweight"]
 
 
+def test_grad_level_applies_no_function_to_a_call_it_does_not_record(monkeypatch):
+    """Under torch.func.grad (and vmap of it) a call of the op whose tensors need no gradient
+    at the grad level runs one level down without the level's Function, as functorch takes
+    an aten op there; the gradient is still the oracle's."""
+    applied = []
+    real = transforms._grad_function
+
+    def counting(level):
+        applied.append(level)
+        return real(level)
+
+    monkeypatch.setattr(transforms, "_grad_function", counting)
+    x, act, w, bias = _inputs("cpu", SHAPE)
+
+    def loss(scale, fn):
+        return (scale * fn(x, act, w, bias)).square().sum()
+
+    def f(x, act, w, bias):
+        return estimator(x, act, w, bias, backend="torch")
+
+    def oracle(x, act, w, bias):
+        return torch.einsum("bi,bs,ois->bo", x, act, w) + bias
+
+    scales = torch.tensor([0.5, 2.0, -1.5], dtype=F64)
+    got = vmap(grad(lambda s: loss(s, f)))(scales)
+    expected = vmap(grad(lambda s: loss(s, oracle)))(scales)
+    assert applied == []
+    _close(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_stacked_heads_grad_and_vjp_of_a_sum_match_the_loop_bit_for_bit(built, dtype):
     """On `cpp`, vmap of torch.func.grad and of torch.func.vjp (a cotangent per head) of a
