@@ -366,9 +366,9 @@ def test_sparse_gradient_penalty_reaches_act(sparse_backend):
 
 def _recording_backend(name: str, calls: list) -> registry.Backend:
     """A CPU backend computing the op by einsum that records each call as (what, the weight's
-    data_ptr, its shape): "forward", "backward" with `needs`, and "eager" (its own autograd
-    node, as `cpp` has) and "eager.backward"; each gradient it returns is recorded as
-    ("dweight", data_ptr)."""
+    data_ptr, its shape): "forward", "backward" with `needs`, "eager" (its own autograd node,
+    as `cpp` has; with the bias's data_ptr or None) and "eager.backward"; each gradient it
+    returns is recorded as ("dweight", data_ptr)."""
 
     def grads(dy, x, act, weight, needs):
         dw = torch.einsum("bo,bi,bs->ois", dy, x, act) if needs[2] else None
@@ -388,7 +388,8 @@ def _recording_backend(name: str, calls: list) -> registry.Backend:
     class Eager(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, act, weight, bias):
-            calls.append(("eager", weight.data_ptr(), tuple(weight.shape)))
+            calls.append(("eager", weight.data_ptr(), tuple(weight.shape),
+                          None if bias is None else bias.data_ptr()))
             ctx.save_for_backward(x, act, weight)
             y = torch.einsum("bi,bs,ois->bo", x, act, weight)
             return y if bias is None else y + bias
@@ -435,13 +436,13 @@ def _stacked_heads(name: str, shape=SHAPE, dtype=F64):
 def test_stacked_heads_make_one_call_on_the_stacked_weight(recorded):
     """vmap over stacked heads (stack_module_state, functional_call): the forward, the plain
     backward through it and torch.func.grad under vmap each make ONE backend call, on the
-    stacked weight's own memory (no copy), and the weight's gradient is the backend's
-    result itself (no copy either)."""
+    stacked weight's own memory (no copy), the bias given to the forward's call (under grad
+    too), and the weight's gradient is the backend's result itself (no copy either)."""
     name, calls = recorded
     _, (params, buffers), call, x, act = _stacked_heads(name)
     weight = params["weight"]
     folded = (N * SHAPE[3], *SHAPE[1:3])
-    ptr = weight.data_ptr()
+    ptr, bias_ptr = weight.data_ptr(), params["bias"].data_ptr()
     heads = vmap(call, in_dims=(0, 0, None, None))
 
     with torch.no_grad():
@@ -450,7 +451,7 @@ def test_stacked_heads_make_one_call_on_the_stacked_weight(recorded):
 
     calls.clear()
     ys = heads(params, buffers, x, act)
-    assert calls == [("eager", ptr, folded)]
+    assert calls == [("eager", ptr, folded, bias_ptr)]
     (dw,) = torch.autograd.grad(ys.square().sum(), [weight])
     assert calls[1:] == [("eager.backward", ptr, folded), ("dweight", dw.data_ptr())]
 
@@ -462,8 +463,8 @@ def test_stacked_heads_make_one_call_on_the_stacked_weight(recorded):
     dw = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)["weight"]
     # the stacked state needs gradients of its own (as stack_module_state makes it), so the
     # forward below every transform is the eager node; torch.func.grad's backward is one call
-    assert calls == [("eager", ptr, folded), ("backward", ptr, folded, (False, False, True)),
-                     ("dweight", dw.data_ptr())]
+    assert calls == [("eager", ptr, folded, bias_ptr),
+                     ("backward", ptr, folded, (False, False, True)), ("dweight", dw.data_ptr())]
 
 
 @pytest.mark.parametrize("shape, dtype", [(SHAPE, F64), ((16, 37, 29, 5), torch.float32)],
@@ -543,6 +544,116 @@ def test_stacked_heads_forward_is_the_folded_call(recorded, monkeypatch):
     nodes = _graph_nodes(ys.grad_fn)
     assert "EagerBackward" in nodes
     assert not [n for n in nodes if n.startswith("AddBackward")], nodes
+
+
+def test_stacked_heads_grad_backward_has_no_grad_level_function(recorded, monkeypatch):
+    """vmap of torch.func.grad over stacked heads: the grad level's Function is applied once,
+    for the forward (with the bias); with a sum loss the backward's cotangent needs no
+    gradient at the grad level, so the weight's and bias's gradients are computed below it
+    without a second Function, as one backend call on the folded dy [B, N*O] and weight;
+    with a squared loss the cotangent depends on the weight there, so that level records
+    the backward (a second Function, for the weight's gradient)."""
+    name, calls = recorded
+    _, (params, buffers), call, x, act = _stacked_heads(name)
+    applied = []
+    real = transforms._grad_function
+
+    def counting(level):
+        function = real(level)
+
+        class Counting:
+            @staticmethod
+            def apply(c, k, *operands):
+                applied.append(k)
+                return function.apply(c, k, *operands)
+
+        return Counting
+
+    monkeypatch.setattr(transforms, "_grad_function", counting)
+    gradients = []
+    real_gradients = calls_module.gradients
+
+    def spy(impl, dy, tensors, *args):
+        gradients.append((tuple(dy.shape), tensors[2].data_ptr()))
+        return real_gradients(impl, dy, tensors, *args)
+
+    monkeypatch.setattr(calls_module, "gradients", spy)
+    batch, _, _, outputs = SHAPE
+    for square, functions in ((False, [transforms.Y]), (True, [transforms.Y, transforms.W])):
+        applied.clear()
+        gradients.clear()
+        calls.clear()
+
+        def loss(params, buffers, x, act, square=square):
+            y = call(params, buffers, x, act)
+            return (y.square() if square else y).sum()
+
+        vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)
+        assert applied == functions
+        assert gradients == [((batch, N * outputs), params["weight"].data_ptr())]
+        assert [c[0] for c in calls] == ["eager", "backward", "dweight"]
+
+
+def test_grad_level_applies_no_function_to_a_call_it_does_not_record(monkeypatch):
+    """Under torch.func.grad (and vmap of it) a call of the op whose tensors need no gradient
+    at the grad level runs one level down without the level's Function, as functorch takes
+    an aten op there; the gradient is still the oracle's."""
+    applied = []
+    real = transforms._grad_function
+
+    def counting(level):
+        applied.append(level)
+        return real(level)
+
+    monkeypatch.setattr(transforms, "_grad_function", counting)
+    x, act, w, bias = _inputs("cpu", SHAPE)
+
+    def loss(scale, fn):
+        return (scale * fn(x, act, w, bias)).square().sum()
+
+    def f(x, act, w, bias):
+        return estimator(x, act, w, bias, backend="torch")
+
+    def oracle(x, act, w, bias):
+        return torch.einsum("bi,bs,ois->bo", x, act, w) + bias
+
+    scales = torch.tensor([0.5, 2.0, -1.5], dtype=F64)
+    got = vmap(grad(lambda s: loss(s, f)))(scales)
+    expected = vmap(grad(lambda s: loss(s, oracle)))(scales)
+    assert applied == []
+    _close(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_stacked_heads_grad_and_vjp_of_a_sum_match_the_loop_bit_for_bit(built, dtype):
+    """On `cpp`, vmap of torch.func.grad and of torch.func.vjp (a cotangent per head) of a
+    sum loss over stacked heads, the case whose backward is one call on the folded
+    operands below the grad level: the weight's gradient is N separate calls' bit for bit,
+    the bias's the folded call's bits (the sum over B of the folded dy) and the loop's
+    value."""
+    shape = (16, 37, 29, 5)
+    heads, (params, buffers), call, x, act = _stacked_heads("cpp", shape, dtype)
+    loop_grads = [torch.autograd.grad(h(x, act).sum(), (h.weight, h.bias)) for h in heads]
+    loop_dw, loop_db = (torch.stack([g[i] for g in loop_grads]) for i in (0, 1))
+    weight, bias = (t.detach().flatten(0, 1).requires_grad_(True)
+                    for t in (params["weight"], params["bias"]))
+    (folded_db,) = torch.autograd.grad(estimator(x, act, weight, bias, backend="cpp").sum(),
+                                       bias)
+
+    def loss(params, buffers, x, act):
+        return call(params, buffers, x, act).sum()
+
+    def pulled(params, buffers, x, act, one):
+        _, pull = vjp(lambda p: loss(p, buffers, x, act), params)
+        return pull(one)[0]
+
+    by_grad = vmap(grad(loss), in_dims=(0, 0, None, None))(params, buffers, x, act)
+    by_vjp = vmap(pulled, in_dims=(0, 0, None, None, 0))(params, buffers, x, act,
+                                                          torch.ones(N, dtype=dtype))
+    for grads in (by_grad, by_vjp):
+        assert torch.equal(grads["weight"], loop_dw)
+        assert torch.equal(grads["bias"].flatten(), folded_db)
+        torch.testing.assert_close(grads["bias"], loop_db)
 
 
 @pytest.mark.parametrize("kind, name", [("dense", "cpp"), ("dense", "torch"), ("sparse", "cpp")])

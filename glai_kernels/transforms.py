@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from glai_kernels import calls
-from glai_kernels.contract import Shape
+from glai_kernels.contract import Shape, bias_gradient
 from glai_kernels.registry import Backend
 
 try:  # functorch's internals, for the innermost vmap or grad taken directly (`_innermost`)
@@ -55,7 +55,6 @@ try:  # functorch's internals, for the innermost vmap or grad taken directly (`_
     )
     from torch._functorch.autograd_function import custom_function_call
     from torch._functorch.utils import unwrap_dead_wrappers
-    from torch.autograd.forward_ad import _set_fwd_grad_enabled
     from torch.autograd.function import _SingleLevelFunction
 except ImportError:  # another torch's layout: every call takes autograd.Function.apply
     peek_interpreter_stack = None
@@ -135,10 +134,14 @@ def apply(c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
 def forward(c: Contraction, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor, rest: tuple,
             bias: torch.Tensor | None) -> torch.Tensor:
     """The op's y [B, O] under a transform: G_0 plus the bias (an aten add, which every
-    transform knows)."""
+    transform knows; under the innermost vmap or grad the op adds it one level down, inside
+    its own call)."""
     top = _innermost()
-    if top is not None and top.key() == TransformType.Vmap:
-        return _vmapped(top, c, Y, [None, x, act, w], rest, bias)
+    if top is not None:
+        if top.key() == TransformType.Vmap:
+            return _vmapped(top, c, Y, [None, x, act, w], rest, bias)
+        if top.key() == TransformType.Grad:
+            return _through_grad(top, c, Y, (None, x, act, w), rest, bias)
     y = apply(c, Y, (None, x, act, w), rest)
     return y if bias is None else y + bias
 
@@ -161,12 +164,11 @@ class _Slot(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         slots, rest = ctx.saved_tensors[:4], tuple(ctx.saved_tensors[4:])
-        k = ctx.k
-        grads: list[torch.Tensor | None] = [None] * 4
-        for j in range(4):
-            if j != k and ctx.needs_input_grad[2 + j] and g is not None:
-                # slot j's own tensor stands in its place: it gives the result's shape
-                grads[j] = apply(ctx.c, j, _replaced(slots, k, g), rest)
+        k, needs = ctx.k, ctx.needs_input_grad
+        grads: list = [None] * 4
+        if g is not None:
+            grads = _gradients(ctx.c, k, g, slots, rest,
+                               [j != k and needs[2 + j] for j in range(4)], False)[:4]
         return (None, None, *grads, *(None for _ in rest))
 
     @staticmethod
@@ -205,11 +207,15 @@ def _replaced(slots: Sequence, j: int, t: torch.Tensor) -> list:
 # applies that class, whose forward unwraps them, pops the level and calls custom_function_call
 # again one level down. When the innermost transform is a vmap or a grad the op takes those
 # steps itself: `batched` as the vmap rule, one single-level Function class per grad level
-# (made once) whose forward calls `apply` one level down, so the level below is taken
+# (made once) whose forward calls the op one level down, so the level below is taken
 # directly too. The same tensors, the same autograd records, without about half of the Python
 # of a vmapped call of a stacked head (docs/notes/cpu-kernels.md, "vmap over stacked heads
 # (issue 43, stop 45)"). The bias is added on the unwrapped tensors, as functorch's batching
-# rule of add does.
+# rule of add does; under a grad it is an operand of the level's Function, added one level
+# down (in the folded call of stacked heads), its gradient the sum of g over the rows. A call
+# that the grad level would not record (nothing it depends on needs a gradient there) skips
+# the Function: unwrapped, one level down, wrapped, as functorch takes an aten op there
+# (docs/notes/cpu-kernels.md, "vmap over stacked heads, third pass (issue 43, stop 47)").
 
 
 def _innermost():
@@ -319,43 +325,182 @@ _GRAD_FUNCTIONS: dict[int, type] = {}
 
 
 def _grad_function(level: int) -> type:
-    """The single-level autograd.Function of grad level `level`: apply(c, k, *tensors) with
-    the tensors lifted to the level; its forward is `apply` one level down, its
-    setup_context, backward and jvp _Slot's (functorch's generated class, made once)."""
+    """The single-level autograd.Function of grad level `level`: apply(c, k, bias, *tensors)
+    -> G_k, plus `bias` (None, or for the forward its bias) with the tensors and the bias
+    lifted to the level; its forward is G_k one level down (`_lowered_call`), its backward
+    `_gradients`, the bias's gradient with the slots' (functorch's generated class, made
+    once). No jvp: a grad level's Function is never asked for one (torch's generated class
+    keeps its jvp for jvp levels only)."""
     if level in _GRAD_FUNCTIONS:
         return _GRAD_FUNCTIONS[level]
 
-    def forward(c, k, *tensors):
+    def forward(c, k, bias, *tensors):
         top = peek_interpreter_stack()  # this level's interpreter
         inner = [None if t is None else _unwrap_for_grad(t, level) for t in tensors]
-        lowered = _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode())
-        with torch.enable_grad(), _set_fwd_grad_enabled(True), lowered:
-            out = apply(c, k, inner[:4], tuple(inner[4:]))
+        b = None if bias is None else _unwrap_for_grad(bias, level)
+        # the single-level Function turned off both gradient modes: on again (forward-mode
+        # AD) and the grad mode the level was entered with, as functorch's generated forward
+        # and its interpreter's lower() set them (flags, not context managers: ≈ 2 µs a call)
+        grad_mode, fwd_mode = torch.is_grad_enabled(), torch._C._is_fwd_grad_enabled()
+        torch._C._set_grad_enabled(CGradInterpreterPtr(top).prevGradMode())
+        torch._C._set_fwd_grad_enabled(True)
+        saved = pop_dynamic_layer_stack()
+        try:
+            out = _lowered_call(c, k, inner, b)
+        finally:
+            push_dynamic_layer_stack(saved)
+            torch._C._set_fwd_grad_enabled(fwd_mode)
+            torch._C._set_grad_enabled(grad_mode)
         return _wrap_for_grad(out, level)
+
+    def setup_context(ctx, inputs, output):
+        c, k, _bias, *tensors = inputs
+        ctx.c, ctx.k = c, k
+        ctx.save_for_backward(*tensors)
+
+    def backward(ctx, g):
+        slots, rest = ctx.saved_tensors[:4], tuple(ctx.saved_tensors[4:])
+        k, needs = ctx.k, ctx.needs_input_grad  # (c, k, bias, y, x, act, w, *rest)
+        if g is None:
+            return (None,) * len(needs)
+        *grads, dbias = _gradients(ctx.c, k, g, slots, rest,
+                                   [j != k and needs[3 + j] for j in range(4)], needs[2])
+        return (None, None, dbias, *grads, *(None for _ in rest))
 
     function = type(f"_SlotGrad{level}", (_SingleLevelFunction,), {
         "forward": staticmethod(forward),
-        "setup_context": staticmethod(_Slot.setup_context),
-        "backward": staticmethod(_Slot.backward),
-        "jvp": staticmethod(_Slot.jvp),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
     })
     _GRAD_FUNCTIONS[level] = function
     return function
 
 
-def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple) -> torch.Tensor:
-    """G_k under the innermost grad `top`: the operands lifted to its level, then its
-    single-level Function (custom_function_call's grad rule, without a new class a call)."""
+def _lowered_call(c: Contraction, k: int, tensors: Sequence, bias: torch.Tensor | None):
+    """G_k of `tensors` (slots, then rest), plus `bias` for the forward, one level below a
+    grad (its level popped)."""
+    if k == Y:
+        return forward(c, tensors[X], tensors[ACT], tensors[W], tuple(tensors[4:]), bias)
+    return apply(c, k, tensors[:4], tuple(tensors[4:]))
+
+
+def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """G_k (plus `bias` for the forward) under the innermost grad `top`: where autograd at its
+    level records the call (a tensor G_k depends on needs a gradient there), the operands
+    lifted to its level, then its single-level Function (custom_function_call's grad rule,
+    without a new class a call); where it does not, the call one level down, wrapped, as
+    functorch's grad level takes an aten op that it does not record (`_below_grad`)."""
+    tensors = [None if t is None else unwrap_if_dead(t) for t in (*slots, *rest)]
+    if bias is not None:
+        bias = unwrap_if_dead(bias)
+    # slot k only gives the result's shape
+    if not calls.records_gradient((*tensors[:k], *tensors[k + 1:], bias)):
+        return _below_grad(top, c, k, tensors, bias)
     lift = CGradInterpreterPtr(top).lift
-    lifted = [None if t is None else lift(unwrap_if_dead(t)) for t in (*slots, *rest)]
+    lifted = [None if t is None else lift(t) for t in tensors]
     # torch's enable_single_level_autograd_function, without its generator context manager
     # (0.75 µs of 0.88 a call, twice in each step of a grad under vmap)
     allowed = get_single_level_autograd_function_allowed()
     set_single_level_autograd_function_allowed(True)
     try:
-        return _grad_function(top.level()).apply(c, k, *lifted)
+        return _grad_function(top.level()).apply(c, k, None if bias is None else lift(bias),
+                                                 *lifted)
     finally:
         set_single_level_autograd_function_allowed(allowed)
+
+
+def _below_grad(top, c: Contraction, k: int, tensors: Sequence,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """G_k (plus `bias`) of `tensors` (slots, then rest; no dead wrappers) one level below the
+    grad `top`, whose autograd records nothing of it: unwrapped at its level, the level
+    popped (and no_grad restored where the level was entered from it), the result wrapped."""
+    level = top.level()
+    inner = [None if t is None else _unwrap_for_grad(t, level) for t in tensors]
+    b = None if bias is None else _unwrap_for_grad(bias, level)
+    with _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode()):
+        out = _lowered_call(c, k, inner, b)
+    return _wrap_for_grad(out, level)
+
+
+# ---- gradients ------------------------------------------------------------------------------
+# A backward (of _Slot or of a grad level's Function) asks for the gradients of the slots G_k
+# depends on, and of the forward's bias. Each is an op call (module docstring), recorded by
+# every transform active: `apply` per gradient, the bias's an aten sum of g over the rows.
+# Two cases are taken whole, one level down at a time (docs/notes/cpu-kernels.md, "vmap over
+# stacked heads, third pass (issue 43, stop 47)"):
+# - under the innermost grad, gradients that nothing requiring a gradient at its level feeds
+#   (a sum loss's cotangent, x and act not differentiated) are computed one level down and
+#   wrapped, as the grad level takes an aten op it does not record: no Function at its level;
+# - under the innermost vmap, stacked heads' weight and bias gradients (the forward's, with
+#   x and act shared and not differentiated) are ONE eager backend call on the folded dy
+#   [B, N*O] and weight [N*O, I, P], as an eager backward of the op on the folded weight
+#   makes it, and the bias's the same sum over B of the folded dy.
+
+
+def _gradients(c: Contraction, k: int, g: torch.Tensor, slots: Sequence, rest: tuple,
+               needs: Sequence[bool], need_bias: bool) -> list:
+    """[the gradients of slots 0..3 where `needs` (None elsewhere), then the bias's where
+    `need_bias`] of G_k at `slots` for its incoming gradient `g` (slot k's shape)."""
+    top = _innermost()
+    if top is not None:
+        if top.key() == TransformType.Grad:
+            level = top.level()
+            g, slots = unwrap_if_dead(g), [None if t is None else unwrap_if_dead(t)
+                                           for t in slots]
+            # slot i feeds every gradient asked for but its own (slot k's place is g's)
+            asked = sum(needs)
+            feeds = (g, *rest, *(t for i, t in enumerate(slots) if i != k and asked > needs[i]))
+            if not calls.records_gradient(feeds):
+                inner = [None if t is None else _unwrap_for_grad(t, level)
+                         for t in (g, *slots, *rest)]
+                with _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode()):
+                    out = _gradients(c, k, inner[0], inner[1:5], tuple(inner[5:]), needs,
+                                     need_bias)
+                return [None if t is None else _wrap_for_grad(t, level) for t in out]
+        elif top.key() == TransformType.Vmap:
+            folded = _folded_gradients(top, c, k, g, slots, rest, needs, need_bias)
+            if folded is not None:
+                return folded
+    # slot j's own tensor stands in its place: it gives the result's shape
+    grads = [apply(c, j, _replaced(slots, k, g), rest) if need else None
+             for j, need in enumerate(needs)]
+    return [*grads, bias_gradient(g) if need_bias else None]
+
+
+def _folded_gradients(top, c: Contraction, k: int, g: torch.Tensor, slots: Sequence,
+                      rest: tuple, needs: Sequence[bool], need_bias: bool) -> list | None:
+    """Stacked heads' weight and bias gradients of the forward (k = Y) under the innermost
+    vmap `top`, dy = `g` and the weight [N, O, I, P] batched, x and act shared and not
+    differentiated, as ONE eager backend call one level down: `calls.gradients` on the folded
+    dy [B, N*O] and weight [N*O, I, P] (each output's sums its own, the loop's bits), the
+    bias's `bias_gradient` of the folded dy (the folded call's bits). None where that is not
+    the case (or autograd records the call one level down): `_gradients`' call per slot."""
+    if (k != Y or not c.fold_outputs or rest or needs[X] or needs[ACT]
+            or not (needs[W] or need_bias)):
+        return None
+    level, n = top.level(), CVmapInterpreterPtr(top).batchSize()
+    (dy, dy_dim), (x, x_dim), (act, act_dim), (w, w_dim) = (
+        _unwrapped(t, level) for t in (g, *slots[1:]))
+    if dy_dim is None or w_dim is None or x_dim is not None or act_dim is not None:
+        return None
+    with _Lowered():
+        if not calls.eager_route((dy, x, act, w)) or calls.records_gradient((dy, x, act)):
+            return None
+        dy = dy.movedim(dy_dim, 1)  # [B, N, O]
+        rows, outputs = dy.shape[0], dy.shape[2]  # explicit sizes: a view of an empty tensor
+        dy = dy.reshape(rows, n * outputs)  # dy's one copy (a cotangent is often expanded)
+        dw = None
+        if needs[W]:
+            w = w if w_dim == 0 else w.movedim(w_dim, 0)
+            weight = w.reshape(n * outputs, *w.shape[2:])
+            shape = Shape(rows, x.shape[1], act.shape[1], n * outputs)
+            dw = calls.gradients(c.impl, dy, (x, act, weight), (), None, c.names,
+                                 (False, False, True), calls.is_empty(shape))[W - 1]
+            dw = _add_batch_dim(dw.view(w.shape), 0, level)
+        db = (_add_batch_dim(bias_gradient(dy).view(n, outputs), 0, level) if need_bias
+              else None)
+    return [None, None, None, dw, db]
 
 
 # ---- vmap ----------------------------------------------------------------------------------

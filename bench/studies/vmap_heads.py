@@ -21,7 +21,11 @@ run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded
   of `estimator(x, act, w_n, b_n)` on the heads' own tensors) against `op-vmap` (vmap of
   `estimator` over the stacked weight and bias, in_dims=(None, None, 0, 0)), and in
   forward+backward `op-vmap-grad` (vmap of torch.func.grad of it): what the op's batching
-  rule costs when torch.func's functional_call is not in the call.
+  rule costs when torch.func's functional_call is not in the call;
+- on `cpp`, in forward+backward, `floor-grad`: `vmap-grad` with the same idiom on a head whose
+  forward under grad over vmap is the least any rule can do (`FloorHead`: one single-level
+  Function at the grad level, one glai_ext call each way on the folded operands, none of the
+  op's checks or Python): what torch.func's own part of the call costs against the loop.
 
 Each repeat prints every contender's median and interquartile range and its ratio to `loop`
 (the op-level ones to `op-loop`; below 1: faster than the loop). `--clock thread` reads this
@@ -44,6 +48,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch._C._functorch import (
+    CGradInterpreterPtr,
+    CVmapInterpreterPtr,
+    _add_batch_dim,
+    _unwrap_batched,
+    _unwrap_for_grad,
+    _wrap_for_grad,
+    get_single_level_autograd_function_allowed,
+    peek_interpreter_stack,
+    pop_dynamic_layer_stack,
+    push_dynamic_layer_stack,
+    set_single_level_autograd_function_allowed,
+)
+from torch.autograd.function import _SingleLevelFunction
 from torch.func import functional_call, grad, stack_module_state, vjp, vmap
 
 from bench.cli_types import positive_float, positive_int
@@ -54,12 +72,88 @@ from glai_kernels.paper_heads import PAPER_HEADS
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
+def _below_vmap(tensors, level: int) -> tuple[list, list, int, int, list]:
+    """Grad level `level` and the vmap below it popped (the caller pushes `saved` back,
+    `_pushed`): (the tensors unwrapped at both, their batch dims at the vmap, its level, its
+    batch size, saved)."""
+    inner = [_unwrap_for_grad(t, level) for t in tensors]
+    saved = [pop_dynamic_layer_stack()]
+    top = peek_interpreter_stack()
+    vlevel, n = top.level(), CVmapInterpreterPtr(top).batchSize()
+    parts = [_unwrap_batched(t, vlevel) for t in inner]
+    saved.append(pop_dynamic_layer_stack())
+    return [p[0] for p in parts], [p[1] for p in parts], vlevel, n, saved
+
+
+def _pushed(saved: list, level: int, vlevel: int, batched: list) -> list:
+    """The two levels `_below_vmap` popped pushed back, `batched` ((tensor, batch dim) pairs)
+    wrapped at the vmap's level (`vlevel`, pushed first) and then at grad level `level`."""
+    push_dynamic_layer_stack(saved[1])
+    out = [_add_batch_dim(t, d, vlevel) for t, d in batched]
+    push_dynamic_layer_stack(saved[0])
+    return [_wrap_for_grad(t, level) for t in out]
+
+
+class _Floor(_SingleLevelFunction):
+    """apply(level, x, act, weight, bias) -> y at grad level `level`, over a vmap of stacked
+    heads (weight and bias batched at 0, x and act shared): the forward one
+    glai_ext::estimator_eager on the folded weight and bias, the backward one
+    glai_ext::backward on the folded dy and one sum for the bias. No checks: a measuring
+    device, not a rule."""
+
+    @staticmethod
+    def forward(level, x, act, weight, bias):
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(True)
+        (x, act, w, b), _, vlevel, n, saved = _below_vmap((x, act, weight, bias), level)
+        outputs = w.shape[1]
+        y = torch.ops.glai_ext.estimator_eager(x, act, w.reshape(n * outputs, *w.shape[2:]),
+                                               b.reshape(n * outputs), False, "cpp")
+        (y,) = _pushed(saved, level, vlevel, [(y.view(x.shape[0], n, outputs), 1)])
+        torch._C._set_grad_enabled(grad_mode)
+        return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.level = inputs[0]
+        ctx.save_for_backward(*inputs[1:4])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, act, weight = ctx.saved_tensors
+        (dy, x, act, w), dims, vlevel, n, saved = _below_vmap((g, x, act, weight), ctx.level)
+        outputs = w.shape[1]
+        dy = dy.movedim(dims[0], 1).reshape(x.shape[0], n * outputs)
+        dw = torch.ops.glai_ext.backward(dy, x, act, w.reshape(n * outputs, *w.shape[2:]),
+                                         dy.new_empty(0), False, False, True)[2]
+        db = dy.sum(0)
+        dw, db = _pushed(saved, ctx.level, vlevel, [(dw.view(w.shape), 0),
+                                                    (db.view(n, outputs), 0)])
+        return None, None, None, dw, db
+
+
+class FloorHead(GLAIEstimator):
+    """A GLAIEstimator whose forward under torch.func.grad over vmap (stacked heads, x and
+    act shared) is `_Floor`: the floor of any batching rule there (`floor-grad`)."""
+
+    def forward(self, x: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        top = peek_interpreter_stack()
+        lift = CGradInterpreterPtr(top).lift
+        allowed = get_single_level_autograd_function_allowed()
+        set_single_level_autograd_function_allowed(True)
+        try:
+            return _Floor.apply(top.level(), lift(x), lift(act), self.weight, self.bias)
+        finally:
+            set_single_level_autograd_function_allowed(allowed)
+
+
 @dataclass
 class Ensemble:
     """N heads of one shape, stacked: `heads` (the modules), `params`/`buffers` (their stacked
     state: weight [N, O, I, P], bias [N, O], leaves needing gradients), `base` (a meta copy for
-    functional_call), x [B, I] and act [B, P] (shared), and `weight`/`bias` ([N*O, I, P] and
-    [N*O]: the stacked state folded, leaves of their own)."""
+    functional_call), x [B, I] and act [B, P] (shared), `weight`/`bias` ([N*O, I, P] and
+    [N*O]: the stacked state folded, leaves of their own), and on `cpp` `floor`, a meta
+    FloorHead for functional_call (`floor-grad`)."""
 
     heads: list[GLAIEstimator]
     params: dict[str, torch.Tensor]
@@ -70,6 +164,7 @@ class Ensemble:
     weight: torch.Tensor
     bias: torch.Tensor
     backend: str
+    floor: FloorHead | None = None
 
     def call(self, params, buffers, x, act) -> torch.Tensor:
         """One head's y [B, O] from its state (vmapped over the stacked state)."""
@@ -98,9 +193,11 @@ def ensemble(head: str, batch: int, count: int, backend: str, seed: int = 0) -> 
     act = (torch.rand(batch, s.paths, generator=gen) < 0.5).float()
     weight = params["weight"].detach().reshape(count * s.outputs, s.inputs, s.paths)
     bias = params["bias"].detach().reshape(count * s.outputs)
+    floor = (FloorHead(s.inputs, s.paths, s.outputs, backend=backend).to("meta")
+             if backend == "cpp" else None)
     return Ensemble(heads, params, buffers, copy.deepcopy(heads[0]).to("meta"), x, act,
                     weight.clone().requires_grad_(True), bias.clone().requires_grad_(True),
-                    backend)
+                    backend, floor)
 
 
 def forward_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
@@ -175,11 +272,18 @@ def training_calls(e: Ensemble) -> dict[str, Callable[[], object]]:
     op_grad = vmap(grad(lambda x, act, w, b: e.op(x, act, w, b).sum(), argnums=(2, 3)),
                    in_dims=(None, None, 0, 0))
 
-    return {"loop": loop, "vmap": stacked,
-            "vmap-grad": lambda: per_head_grad(e.params, e.buffers, e.x, e.act),
-            "vmap-vjp": lambda: per_head_vjp(e.params, e.buffers, e.x, e.act, ones),
-            "folded": folded, "op-loop": op_loop, "op-vmap": op_vmap,
-            "op-vmap-grad": lambda: op_grad(e.x, e.act, *stacked_params)}
+    fns = {"loop": loop, "vmap": stacked,
+           "vmap-grad": lambda: per_head_grad(e.params, e.buffers, e.x, e.act),
+           "vmap-vjp": lambda: per_head_vjp(e.params, e.buffers, e.x, e.act, ones),
+           "folded": folded, "op-loop": op_loop, "op-vmap": op_vmap,
+           "op-vmap-grad": lambda: op_grad(e.x, e.act, *stacked_params)}
+    if e.floor is not None:
+        def floor_loss(params, buffers, x, act):
+            return functional_call(e.floor, (params, buffers), (x, act)).sum()
+
+        floor_grad = vmap(grad(floor_loss), in_dims=(0, 0, None, None))
+        fns["floor-grad"] = lambda: floor_grad(e.params, e.buffers, e.x, e.act)
+    return fns
 
 
 def same_bits(e: Ensemble) -> dict[str, bool]:
@@ -189,11 +293,14 @@ def same_bits(e: Ensemble) -> dict[str, bool]:
         vmap_y = e.stacked()
     train = training_calls(e)
     loop_dw = torch.stack(train["loop"]()[0::2])
-    return {"forward": torch.equal(loop_y, vmap_y),
+    same = {"forward": torch.equal(loop_y, vmap_y),
             "dweight (autograd)": torch.equal(loop_dw, train["vmap"]()[0]),
             "dweight (grad)": torch.equal(loop_dw, train["vmap-grad"]()["weight"]),
             "op-level forward": torch.equal(loop_y, forward_calls(e)["op-vmap"]()),
             "op-level dweight (grad)": torch.equal(loop_dw, train["op-vmap-grad"]()[0])}
+    if "floor-grad" in train:
+        same["floor dweight (grad)"] = torch.equal(loop_dw, train["floor-grad"]()["weight"])
+    return same
 
 
 def timed(fns: dict[str, Callable[[], object]], rounds: int, min_time_s: float,
