@@ -25,17 +25,23 @@ def test_the_eager_node_compiles_against_this_torch():
 
 
 def test_a_node_made_for_the_other_pointer_type_is_refused(tmp_path):
-    # the eager node held the way the other torch releases hold autograd nodes: the build
-    # error torch 2.11 gave (shared_ptr there, intrusive_ptr in 2.13), now reversed
-    text = (extension_build.CSRC / "eager_autograd.cpp").read_text()
+    # the eager nodes held the way the other torch releases hold autograd nodes: the build
+    # error torch 2.11 gave (shared_ptr there, intrusive_ptr in 2.13), now reversed. The nodes
+    # are made in eager_node.h (shared by the dense and sparse nodes): a wrong copy of it beside
+    # a copy of eager_autograd.cpp is the one its quoted #include finds first.
+    header = (extension_build.CSRC / "eager_node.h").read_text()
     edge = (Path(include_paths()[0]) / "torch/csrc/autograd/edge.h").read_text()
-    other = ("c10::make_intrusive<EstimatorBackward>()" if "std::shared_ptr<Node> function"
-             in edge else "std::make_shared<EstimatorBackward>()")
-    wrong = tmp_path / "eager_autograd.cpp"
-    wrong.write_text(text.replace("make_node<EstimatorBackward>()", other))
-    assert wrong.read_text() != text
-    error = check_headers.syntax_errors(wrong, Path(include_paths()[0]))
-    assert error is not None and re.search(r"set_history|intrusive|shared_ptr", error)
+    other = ("c10::make_intrusive<Op>()" if "std::shared_ptr<Node> function" in edge
+             else "std::make_shared<Op>()")
+    wrong = header.replace("auto node = make_node<Op>();", f"auto node = {other};")
+    assert wrong != header
+    (tmp_path / "eager_node.h").write_text(wrong)
+    source = tmp_path / "eager_autograd.cpp"
+    source.write_text((extension_build.CSRC / "eager_autograd.cpp").read_text())
+    error = check_headers.syntax_errors(source, Path(include_paths()[0]))
+    assert error is not None and re.search(r"set_history|intrusive|shared_ptr|conversion", error)
+    (tmp_path / "eager_node.h").write_text(header)  # the right header: the same copy compiles
+    assert check_headers.syntax_errors(source, Path(include_paths()[0])) is None
 
 
 def test_the_oldest_admitted_release_comes_from_pyproject():
