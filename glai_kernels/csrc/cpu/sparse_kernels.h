@@ -12,7 +12,9 @@
 // (a bad one is skipped and reported by a non-zero return), so a corrupt index cannot make
 // them read or write outside their buffers, except where a kernel's comment names a check the
 // caller runs first (groups_in_range: one pass over G per call, cheaper than a check per
-// entry in the hot loop).
+// entry in the hot loop). The forward and dvalues at one to five vectors of batch check their
+// call's group offsets, paths and outputs in one pass first (sparse_kernels.inc, groups_ok)
+// and, where it passes, run a group loop without those checks; where it fails, the checked one.
 #pragma once
 
 #include <cstdint>
