@@ -229,6 +229,29 @@ def test_the_fused_step_with_the_kernel_update_is_the_ordinary_step(dtype, kind,
         torch.testing.assert_close(a, b, **TOL[dtype])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["cuda", "torch"])
+def test_the_default_fused_step_on_cuda_is_the_ordinary_step(backend):
+    """The step as the pipeline builds it (native=True, the default) on a GPU head: the update
+    runs in the `cuda` kernel or torch's, never the CPU-only `glai_ext::sparse_step_update`
+    (an H200 lease's pipeline failed on that call, stop 48)."""
+    cuda = torch.device("cuda")
+    ordinary = sparse_head(torch.float32, 0.0, backend).to(cuda)
+    fused = copy.deepcopy(ordinary)
+    opt_o, opt_f = OPTIMIZERS["adam"](ordinary.parameters()), OPTIMIZERS["adam"](fused.parameters())
+    stepper = FusedSparseStep(fused, opt_f)
+    for x, t in batches(torch.float32):
+        x, t = x.to(cuda), t.to(cuda)
+        opt_o.zero_grad(set_to_none=True)
+        expected = F.cross_entropy(ordinary(x), t)
+        expected.backward()
+        opt_o.step()
+        got = stepper.step(lambda model, x=x, t=t: F.cross_entropy(model(x), t))
+        torch.testing.assert_close(got, expected.detach(), **TOL[torch.float32])
+    for a, b in zip(state_of(fused, opt_f), state_of(ordinary, opt_o), strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
 def test_the_bias_updates_with_its_own_param_groups_hyper_parameters():
     """Values and bias in two fused groups (the bias with another lr and no weight decay):
     each kernel update takes its own group's settings, as optimizer.step() does."""

@@ -278,10 +278,14 @@ def _error_ratio(label: str, outputs: Outputs, inputs: HeadInputs, oracle: Oracl
     worst = judge(outputs["y"], *oracle.forward["y"], dtype).ratio
     if "dweight" in outputs:
         expected, scale = _weight_gradient(inputs, oracle)
+        # the float64 oracle lives on the CPU, the layout's entries and mask on the run's
+        # device (a GPU run indexed across the two and failed every step row, stop 48)
         if label.startswith(SPARSE_PREFIX):  # the K kept entries, in the layout's order
-            expected, scale = expected[entries], scale[entries]
+            where = tuple(e.to(expected.device) for e in entries)
+            expected, scale = expected[where], scale[where]
         else:  # the gradient mask zeroes the pruned entries
-            expected, scale = expected * mask, scale * mask
+            keep = mask.to(expected.device)
+            expected, scale = expected * keep, scale * keep
         worst = max(worst, judge(outputs["dweight"], expected, scale, dtype).ratio)
     return worst
 

@@ -140,6 +140,28 @@ def test_a_tiny_run_gives_every_backend_with_a_correct_verdict(kept_rows):
     assert len(winners) == 4 and "mlp" not in set(winners["backend"])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_step_pass_on_cuda_is_judged_and_correct():
+    """On a GPU every backend's step rows are timed and judged: the float64 oracle sits on the
+    CPU, the layout's entries and mask on the GPU (an H200 lease's step rows all failed
+    indexing across the two, and the sparse `cuda` step called a CPU-only update, stop 48)."""
+    from glai_kernels.sparse import SPARSE_ESTIMATOR
+
+    sparse = [b for b in ("cuda", "torch") if SPARSE_ESTIMATOR.availability(b, "cuda") is None]
+    preset = Preset(name="tiny-kept-cuda", description="test preset",
+                    sweeps=(KeptSweep("kept_fraction", ("A1",), batches=(16,), mus=(0.5,),
+                                      passes=("step",)),),
+                    dtypes=("float32",), min_time_s=0.02, rounds=2, max_call_s=1.0,
+                    ceiling_time_s=0.02)
+    ctx = runner.Context(preset, torch.device("cuda"), ["einsum", "torch"],
+                         Ceilings({"float32": 1e10}, 1e10), log=lambda _: None,
+                         sparse_backends=sparse)
+    df = results.table(runner.run_cases(ctx, expand(preset), progress=False), ctx.ceilings, {})
+    assert set(df["backend"]) == {*(f"sparse:{b}" for b in sparse), "torch", "mlp"}
+    assert set(df["status"]) == {"ok"}, df[["backend", "mu", "status", "note"]]
+    assert df["correct"].all() and (df["error_ratio"] <= 1).all()
+
+
 def test_a_wrong_sparse_backend_is_flagged(monkeypatch):
     from glai_kernels.registry import Backend
     from glai_kernels.sparse import SPARSE_ESTIMATOR

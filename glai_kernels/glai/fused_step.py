@@ -332,6 +332,8 @@ class FusedSparseStep:
     def _native_update(self, group: dict, calls: list, grads: tuple, plan: _Plan) -> bool:
         """The kernel-Adam update as one call, `glai_ext::sparse_step_update`, when the
         bias (if trained) is in the values' group; False (nothing done) otherwise."""
+        if calls[0][2].name != "cpp":  # the op has a CPU kernel alone (a GPU lease's pipeline
+            return False  # failed on it, stop 48): the `cuda` backend's update is the Python's
         bias = plan.bias
         if bias is not None and bias.requires_grad:
             if not any(p is bias for p in group["params"]):
