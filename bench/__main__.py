@@ -81,6 +81,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                           "a GLAI training step on sparse cpp against the MLP's, per head"),
     "sparse-kernels-floor": ("bench.studies.sparse_kernels_floor",
                              "the sparse cpp kernels of a training step per kept entry"),
+    "call-anatomy": ("bench.studies.call_anatomy",
+                     "one call's event time against its host and kernel times, per backend"),
     "vmap-heads": ("bench.studies.vmap_heads",
                    "torch.func.vmap over stacked heads against a loop of them (issue 43)"),
     "check-cuda": ("bench.tools.check_cuda",

@@ -107,6 +107,8 @@ BAD_ARGUMENTS = [
     (["sparse-train-step", "--backend", "nope"], "argument --backend: unknown"),
     (["sparse-kernels-floor", "--ghz", "-1"], "argument --ghz: must be a positive number"),
     (["sparse-kernels-floor", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
+    (["call-anatomy", "--batch", "0"], "argument --batch: must be a positive integer"),
+    (["call-anatomy", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
     (["dispatch-overhead", "--rounds", "3"], "unrecognized arguments: --rounds 3"),
     (["predict", "--out", "x"], "unrecognized arguments: --out x"),
     (["holdout", "--hold", "0"], "argument --hold: must be a positive integer"),
@@ -134,7 +136,7 @@ def test_a_bad_argument_is_an_argparse_error(argv, message, capsys):
     ["pipeline", "--out", "{file}/p"], ["gate", "check", "--save", "{file}/runs"],
     ["gate", "accept", "--baseline-dir", "{file}/b"], ["gate", "measure", "--out", "{file}/r.json"],
     ["dashboard", "--out", "{file}/index.html"], ["render", "{file}"],
-    ["merge", "{file}/merged", "{tmp}"],
+    ["merge", "{file}/merged", "{tmp}"], ["call-anatomy", "--out", "{file}/a.json"],
 ], ids=lambda argv: " ".join(argv[:2]))
 def test_a_path_under_a_file_is_refused_naming_it(argv, a_file, capsys):
     argv = [a.format(file=a_file, tmp=a_file.parent) for a in argv]
