@@ -226,8 +226,8 @@ def run(preset: str | Preset = DEFAULT_PRESET, *, device: str | None = None,
                              prior_s_per_cost=preset.seconds_per_cost, on_group=writer)
         closing = closing_notes(ctx, ceilings_s, len(rows), plots and out_dir is not None)
         if any(isinstance(r.get("note"), str) and "time limit" in r["note"] for r in rows):
-            log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by "
-                "then are in the results as skipped, each saying why")
+            log(f"the time limit of {time_limit_s:g} s left too little for some shapes or "
+                "backends: they are in the results as skipped, each saying why")
         if "ceilings" in closing:
             log(f"the closing ceilings are not measured again: {closing['ceilings']}")
             ceilings = dataclasses.replace(ctx.ceilings, details={

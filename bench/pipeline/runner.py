@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.process
 import os
@@ -102,9 +103,8 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
     units' records (results.json) and tables.
     `time_limit_s`: the whole run ends by itself within that many seconds of this call, its
     report written: units in processes of their own (also with jobs = 1), a unit not started
-    when what is left after the report's reserve (`RunClock`) is less than the unit time
-    limit (or, without one, the longest unit so far), one running past the run's end
-    stopped; the report names both."""
+    when what is left after the report's reserve cannot hold it (`RunClock.starts`), one
+    still running at the run's end stopped; the report names both."""
     started = time.monotonic()
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -210,9 +210,12 @@ class RunClock:
         return self.end - self.report_s - time.monotonic()
 
     def starts(self, unit_limit_s: float | None) -> bool:
-        """Whether a unit can finish in what is left: one that may take the unit time limit
-        (without one, as long as the longest so far)."""
-        need = unit_limit_s if unit_limit_s is not None else self.longest_unit_s
+        """Whether a unit can finish in what is left: before any unit has ended, one that
+        may take the unit time limit; after, one half as long again as the longest so far
+        (the units run the longest families first), at most the unit time limit."""
+        need = unit_limit_s if unit_limit_s is not None else 0.0
+        if self.longest_unit_s > 0:
+            need = min(need or math.inf, 1.5 * self.longest_unit_s)
         return self.work_left_s() >= need
 
     def wrote(self, seconds: float) -> None:
