@@ -148,7 +148,7 @@ def test_a_run_killed_mid_way_leaves_the_rows_it_measured(tmp_path, monkeypatch)
         suite.run(THREE, device="cpu", backends=FAST, out_dir=tmp_path, plots=False,
                   progress=False, log=lambda _: None)
     rows = _rows(tmp_path)
-    # the first shape's rows at least (writing waits for ten times its own cost)
+    # the first shape's rows at least (writing waits for twenty times its own cost)
     assert set(rows["status"]) == {"ok"} and 2 in set(rows["batch"])
     meta = json.loads((tmp_path / "results.json").read_text())
     assert meta["partial"].startswith("written while running")
