@@ -217,7 +217,7 @@ def run(preset: str | Preset = DEFAULT_PRESET, *, device: str | None = None,
                 "memory_method": memory.MEMORY_METHOD[dev.type],
                 "energy": meter.describe(),
                 "elapsed_s": round(time.perf_counter() - started, 1),
-                "phases": dict(phases.seconds),
+                "phases": phases.seconds,  # the live dict: the reports phase joins it
             }
 
         writer = None if out_dir is None else RowsWriter(out_dir, ctx, info, meta_of)
