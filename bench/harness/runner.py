@@ -287,8 +287,11 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
                         else ctx.budget.estimate_s(costs[key], bound))
             started = time.perf_counter()
             note = why_not(ctx, estimate)
-            rows += _run_group(ctx, members, passes, note)
-            if note is None and ctx.budget is not None:
+            group = _run_group(ctx, members, passes, note)
+            rows += group
+            # the rate is learned from shapes measured (one skipped whole, for its memory or
+            # its roofline floor, took no time and would make the estimates optimistic)
+            if ctx.budget is not None and any(r.get("status") != "skipped" for r in group):
                 ctx.budget.observe(time.perf_counter() - started, costs[key])
             bar.finish(key)
             if on_group is not None:

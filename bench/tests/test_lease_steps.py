@@ -83,6 +83,23 @@ def test_the_close_skips_what_does_not_fit_and_says_why():
 
 # ---------------------------------------------------------------- the kernel suite
 
+def test_shapes_are_estimated_from_the_rate_seen_and_the_ones_that_cannot_fit_are_skipped():
+    """After the first shape, the next ones' estimates scale with their cost: a shape a
+    million times the first's does not start, however much of the limit is left."""
+    ctx = _ctx_with(left_s=600)
+    cases = runner.cases_for(THREE)
+
+    def cost(case) -> float:
+        return 1.0 if case.shape.batch == 2 else 1e6
+
+    rows = runner.run_cases(ctx, cases, progress=False, cost=cost)
+    first = [r for r in rows if r["batch"] == 2]
+    rest = [r for r in rows if r["batch"] != 2]
+    assert {r["status"] for r in first} == {"ok"} and len(rest) == 2 * len(FAST)
+    assert all(r["status"] == "skipped" and "estimated for it" in r["note"] for r in rest)
+    assert ctx.budget.spent_cost == 1.0  # skipped shapes teach the rate nothing
+
+
 def test_a_limit_shorter_than_a_shapes_estimate_ends_in_time_with_every_row_saying_why(
         tmp_path):
     """min_time_s of 30 s makes each measurement's bound longer than the whole limit (two
