@@ -176,8 +176,8 @@ if [ "$ENERGY_S" -gt 0 ]; then
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - TC_S - KEPT_S ))
   [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
   # its estimates count each 1 s energy window (bench/harness/budget.py)
+  rm -rf $WORK/bench_cuda/energy  # no stale report from an earlier run on this machine
   if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
-    rm -rf $WORK/bench_cuda/energy  # no stale report from an earlier run on this machine
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --preset "${BENCH_PRESET:-default}" --sweeps heads \
       --heads "${ENERGY_HEADS:-A1,A2,C1,B1}" --batches "${ENERGY_BATCHES:-16}" \
@@ -199,8 +199,8 @@ if [ "$TC_S" -gt 0 ]; then
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
   [ "$budget" -gt "$TC_S" ] && budget=$TC_S
+  rm -rf $WORK/bench_cuda/tensor_cores
   if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
-    rm -rf $WORK/bench_cuda/tensor_cores
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --preset "${TC_PRESET:-full}" --sweeps heads --matmul-precision high \
       --heads "${TC_HEADS:-A1,A2,C1,C2}" --batches "${TC_BATCHES:-4096,256}" \
