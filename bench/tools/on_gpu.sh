@@ -8,8 +8,9 @@
 # SIGTERM), the pipeline through its --time-limit and --unit-time-limit. Each program's limit
 # is its step's share less BACKSTOP_S (default 10: the interpreter's start-up, before the
 # limit's clock starts), and `timeout` at the share is only a backstop (the build alone has
-# nothing but its timeout); a step whose share is too small for a run that measures something
-# is skipped with a line in steps.txt saying so. A slow step thus leaves the others their
+# nothing but its timeout); a step whose share is under the least that measures something
+# (BENCH_FLOOR_S=45 for the kernel sweep, STEP_FLOOR_S=30 for the others) is skipped with a
+# line in steps.txt saying so. A slow step thus leaves the others their
 # time; what each step printed, the failures' tracebacks and the run's reports as one archive
 # land in $OUT (default /tmp/on_gpu), at most 8 files (the device tool's limit). The runs' folders
 # (bench_cuda, pipeline, ... below) are in $WORK (default /tmp).
