@@ -3,16 +3,16 @@
 # part, run every test whose id names cuda or triton, then time the paper heads on the GPU
 # (writes the CUDA dispatch table, in the archive). Each step ends by itself before its
 # deadline, reports written: the tests through bench/tools/lease_plugin.py, every `glai-bench
-# run` through its --time-limit (which holds its start-up shapes, its closing ceilings and
-# reports: bench/harness/budget.py; results.csv is also written after each shape and on
-# SIGTERM), the pipeline through its --time-limit and --unit-time-limit. Each program's limit
-# is its step's share less BACKSTOP_S (default 10: the interpreter's start-up, before the
+# run` through its --time-limit (which holds its opening ceilings, its shapes, its closing
+# ceilings and reports: bench/harness/budget.py; results.csv is also written after each shape
+# and on SIGTERM), the pipeline through its --time-limit and --unit-time-limit. Each program's
+# limit is its step's share less BACKSTOP_S (default 10: the interpreter's start-up, before the
 # limit's clock starts), and `timeout` at the share is only a backstop (the build alone has
 # nothing but its timeout); a step whose share is under the least that measures something
 # (BENCH_FLOOR_S=45 for the kernel sweep, STEP_FLOOR_S=30 for the others) is skipped with a
-# line in steps.txt saying so. A slow step thus leaves the others their
-# time; what each step printed, the failures' tracebacks and the run's reports as one archive
-# land in $OUT (default /tmp/on_gpu), at most 8 files (the device tool's limit). The runs' folders
+# line in steps.txt saying so. A slow step thus leaves the others their time; what each step
+# printed, the failures' tracebacks and the run's reports as one archive land in $OUT (default
+# /tmp/on_gpu), at most 8 files (the device tool's limit). The runs' folders
 # (bench_cuda, pipeline, ... below) are in $WORK (default /tmp).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
