@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import memory
+from bench.harness.budget import why_not
 from bench.harness.calls import first_calls, skip, warm_call_s
 from bench.harness.oracle import Oracle
 from bench.harness.passes import PASSES, Tensors, dtype_of, split_available
@@ -314,6 +315,15 @@ def _mlp_costs(head: str, batch: int, itemsize: int) -> dict[str, float]:
             "bytes": itemsize * (params + batch * (h.n0 + h.n2))}
 
 
+def labels(ctx, dtype: torch.dtype) -> list[str]:
+    """The labels a kept-fraction case is measured with in the run of `ctx` (the runner's
+    Context): the available sparse backends, the run's dense ones the sweep compares, the
+    MLP. An unavailable sparse backend has no rows: the run's meta names it with its reason,
+    as it does an unavailable dense one."""
+    names, _ = sparse_backends(ctx.device, dtype, ctx.sparse_backends)
+    return [*map(sparse_label, names), *(b for b in DENSE if b in ctx.backends), MLP]
+
+
 def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
             passes: list[str]) -> dict[tuple[str, str], dict]:
     """{(pass, backend label): measurement} for one head, batch and μ (`ctx` is the
@@ -335,15 +345,11 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
     sshape = SparseShape(shape.batch, shape.inputs, shape.paths, shape.outputs, sw.nnz,
                          sw.index.groups)
     oracle = Oracle(Tensors(inputs.x_aug, inputs.act, masked, inputs.dy))
-    # an unavailable sparse backend has no rows: the run's meta names it with its reason,
-    # as it does an unavailable dense one
-    names, _ = sparse_backends(device, dtype, ctx.sparse_backends)
-    labels = [*map(sparse_label, names), *(b for b in DENSE if b in ctx.backends), MLP]
     out: dict[tuple[str, str], dict] = {}
     for p in passes:
         ready: dict[str, Callable[[], object]] = {}
         warm_s: dict[str, float] = {}
-        for label in labels:
+        for label in labels(ctx, dtype):
             costs = (_mlp_costs(head, shape.batch, itemsize) if label == MLP and p == "forward"
                      else _costs(label, shape, sshape, itemsize, p))
             m = out[(p, label)] = {"nnz": sw.nnz, **costs}
@@ -351,6 +357,11 @@ def measure(ctx, head: str, shape: Shape, dtype_name: str, mu: float,
                                               dtype_name) > preset.max_call_s:
                 m.update(skip(f"roofline floor over the {preset.name} preset's limit of "
                               f"{preset.max_call_s} s"))
+                continue
+            # a step's first calls take seconds at the large heads: checked before each label
+            late = why_not(ctx, ctx.measurement_bound_s())
+            if late is not None:
+                m.update(skip(late))
                 continue
             started = time.perf_counter()
             try:

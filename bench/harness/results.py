@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -145,12 +146,17 @@ def _winners(df: pd.DataFrame) -> pd.Series:
 
 def write(df: pd.DataFrame, out_dir: Path, meta: dict) -> tuple[Path, Path]:
     """results.csv (every column) and results.json (meta once, rows without the repeated
-    provenance columns)."""
+    provenance columns), each replaced in one rename: a run killed while writing (the suite
+    writes them after each shape) leaves the previous whole file, never half of one."""
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / "results.csv", out_dir / "results.json"
-    df.to_csv(csv_path, index=False, float_format="%.6g")
+    partial = csv_path.with_name(".results.csv.partial")
+    df.to_csv(partial, index=False, float_format="%.6g")
+    os.replace(partial, csv_path)
     slim = df.drop(columns=list(ROW_FIELDS))
     records = json.loads(slim.to_json(orient="records", double_precision=6))
-    json_path.write_text(json.dumps({**meta, "columns": list(COLUMNS), "rows": records},
-                                    indent=1, default=str) + "\n")
+    partial = json_path.with_name(".results.json.partial")
+    partial.write_text(json.dumps({**meta, "columns": list(COLUMNS), "rows": records},
+                                  indent=1, default=str) + "\n")
+    os.replace(partial, json_path)
     return csv_path, json_path

@@ -26,6 +26,7 @@ import torch
 
 from bench.harness import ceilings as ceilings_mod
 from bench.harness import kept, memory, peers
+from bench.harness.budget import TIME_LIMIT_NOTE, Budget, lower_bound_s, past, why_not
 from bench.harness.calls import Measurement, first_calls, skip, warm_call_s
 from bench.harness.ceilings import Ceilings
 from bench.harness.energy import EnergyMeter
@@ -65,6 +66,18 @@ class Context:
     # time.monotonic() after which no further shape is measured (a short lease of a GPU):
     # the rest are written as skipped, so the run still ends with its reports
     deadline: float | None = None
+    # the run's time limit with its closing reserve (bench/harness/budget.py): a shape or a
+    # backend is not started when its estimate does not fit what is left
+    budget: Budget | None = None
+    # the signal that asked the run to stop ("SIGTERM", "SIGINT"; None: none): nothing more is
+    # started, and the run closes with its reports (bench/harness/suite.py)
+    stopped: str | None = None
+
+    def measurement_bound_s(self) -> float:
+        """The fewest seconds one backend's measurement of one pass takes in this run."""
+        window = self.meter.window_s if self.meter is not None and self.meter.available else 0
+        return lower_bound_s(self.device.type, self.preset.min_time_s, self.preset.rounds,
+                             window)
 
 
 def select_backends(requested: Sequence[str] | None, device: torch.device,
@@ -112,14 +125,6 @@ def rotating_count(shape: Shape, itemsize: int, device: torch.device, budget: in
     wanted = math.ceil(2 * l2 / max(per_set, 1))
     fits = max(1, budget // (4 * max(per_set, 1)))
     return max(1, min(ROTATING_SETS_MAX, wanted, fits))
-
-
-TIME_LIMIT_NOTE = "not measured: the run's time limit was reached"
-
-
-def past(deadline: float | None) -> bool:
-    """Whether a run's `deadline` (time.monotonic(), or None: none) has passed."""
-    return deadline is not None and time.monotonic() > deadline
 
 
 def _gib(n: float) -> str:
@@ -185,8 +190,10 @@ def measure_shape(ctx: Context, shape: Shape, dtype_name: str, passes: Sequence[
             if reason is not None:
                 out[(p, b)] = skip(f"{b}: {reason}")
                 continue
-            if past(ctx.deadline):  # one first call may autotune for tens of seconds
-                out[(p, b)] = skip(TIME_LIMIT_NOTE)
+            # checked before each backend: one first call may autotune for tens of seconds
+            late = why_not(ctx, ctx.measurement_bound_s())
+            if late is not None:
+                out[(p, b)] = skip(late)
                 continue
             need = _estimate_bytes(b, shape, spec, itemsize) * len(sets)
             if need > budget - oracle_need:
@@ -246,11 +253,15 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
 
 def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
               cost: Callable[[Case], float] | None = None,
-              prior_s_per_cost: float | None = None) -> list[dict]:
+              prior_s_per_cost: float | None = None,
+              on_group: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Rows (one per case × pass × backend) of raw measurements, in the cases' order. The
     progress bar's estimate of the time left weighs each shape by `cost` (a Case with all
     the passes its shape is measured for; None: every shape alike), `prior_s_per_cost`
-    seconds a unit of it before the first shape ends (bench/harness/progress.py)."""
+    seconds a unit of it before the first shape ends (bench/harness/progress.py). A shape
+    is not started when `why_not` refuses its estimate (ctx.budget's rate per unit of cost,
+    at least the timers' bound for each of its measurements); its rows say why.
+    `on_group(rows so far)` is called after each shape (the suite writes them as it goes)."""
     from bench.harness.progress import EtaBar
 
     groups: dict[tuple[Shape, str, float | None], list[Case]] = {}
@@ -269,17 +280,41 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
             bar.start(key, f"{members[0].head} B={shape.batch} I={shape.inputs} "
                            f"P={shape.paths} O={shape.outputs} {dtype_name}"
                            + ("" if mu is None else f" mu={100 * mu:.3g}%"))
-            rows += _run_group(ctx, members, list(passes_of[key]))
+            passes = list(passes_of[key])
+            bound = (len(passes) * len(_labels(ctx, members))
+                     * ctx.measurement_bound_s())
+            estimate = (bound if ctx.budget is None
+                        else ctx.budget.estimate_s(costs[key], bound))
+            started = time.perf_counter()
+            note = why_not(ctx, estimate)
+            group = _run_group(ctx, members, passes, note)
+            rows += group
+            # the rate is learned from shapes measured (one skipped whole, for its memory or
+            # its roofline floor, took no time and would make the estimates optimistic)
+            if ctx.budget is not None and any(r.get("status") != "skipped" for r in group):
+                ctx.budget.observe(time.perf_counter() - started, costs[key])
             bar.finish(key)
+            if on_group is not None:
+                on_group(rows)
     return rows
 
 
-def _run_group(ctx: Context, members: list[Case], passes: list[str]) -> list[dict]:
-    """The rows of one (shape, dtype, μ) measured once for every case that holds it."""
+def _labels(ctx: Context, members: list[Case]) -> list[str]:
+    """The backends (and peers) a (shape, dtype, μ) is measured with."""
+    if members[0].mu is not None:
+        return kept.labels(ctx, dtype_of(members[0].dtype))
+    return [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
+
+
+def _run_group(ctx: Context, members: list[Case], passes: list[str],
+               note: str | None = None) -> list[dict]:
+    """The rows of one (shape, dtype, μ) measured once for every case that holds it; with
+    `note` (or past the run's deadline) not measured, each row skipped with that note."""
     shape, dtype_name, mu = members[0].shape, members[0].dtype, members[0].mu
-    if past(ctx.deadline):
-        names = [*ctx.backends, *peers.for_sweeps(ctx.peers, [c.sweep for c in members])]
-        measured = {(p, b): skip(TIME_LIMIT_NOTE) for p in passes for b in names}
+    late = note is not None or past(ctx.deadline)
+    if late:
+        measured = {(p, b): skip(note or TIME_LIMIT_NOTE)
+                    for p in passes for b in _labels(ctx, members)}
     elif mu is None:
         measured = measure_shape(ctx, shape, dtype_name, passes,
                                  list(dict.fromkeys(c.sweep for c in members)))
@@ -294,7 +329,7 @@ def _run_group(ctx: Context, members: list[Case], passes: list[str]) -> list[dic
                              "device": ctx.device.type, "mu": mu, **m})
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
-    else:
+    elif not late:  # a shape not measured for the time limit leaves its time to the closing
         ctx.ceilings = ceilings_mod.refresh(ctx.ceilings, ctx.device)
     return rows
 

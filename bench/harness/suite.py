@@ -11,6 +11,7 @@ meta["phases"].
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,12 +20,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from bench.harness import budget as budget_mod
 from bench.harness import ceilings as ceilings_mod
 from bench.harness import kept, memory, peers, provenance, results, shards
+from bench.harness.budget import Budget
+from bench.harness.ceilings import Ceilings
 from bench.harness.energy import MIN_WINDOW_S, EnergyMeter
 from bench.harness.passes import dtype_of
 from bench.harness.progress import Phases
-from bench.harness.runner import Context, cases_for, past, run_cases, select_backends
+from bench.harness.runner import Context, cases_for, run_cases, select_backends
+from bench.harness.stopping import RowsWriter, Stopped, closing_notes, stop_on_signals
 from bench.harness.sweeps import DEFAULT_PRESET, PRESETS, Case, Preset
 from glai_kernels import registry
 from glai_kernels.sparse import SPARSE_ESTIMATOR
@@ -115,13 +120,18 @@ def run(preset: str | Preset = DEFAULT_PRESET, *, device: str | None = None,
     `peer_names` the bench-only peers to time beside the backends (bench/harness/peers.py; default:
     the preset's). With `out_dir`, the run's dispatch table for `auto` is written to
     out_dir/dispatch/ (bench/harness/dispatch_table.py) and, with `install_dispatch`, copied into
-    glai_kernels/dispatch/, which the package ships. `time_limit_s` bounds the cases'
-    measurement (shapes not reached are written as skipped, so a run on a short GPU lease
-    still writes its reports); `energy_window_s` is each NVML energy reading's window (0:
+    glai_kernels/dispatch/, which the package ships. `time_limit_s` bounds the whole run
+    from this call, its closing work included (bench/harness/budget.py): a shape or backend
+    whose estimate does not fit the time left less the closing ceilings and reports is not
+    started (a skipped row saying why), the closing ceilings are skipped when they do not fit
+    (meta["time_limit"] and the ceilings' details say so), and results.csv/.json are written
+    as the shapes end, so even a killed run leaves its rows. SIGTERM or SIGINT stops it the
+    same way, the reports written, then raises `Stopped` (exit status 128 + the signal's
+    number). `energy_window_s` is each NVML energy reading's window (0:
     none). `shard` keeps only that shard's part of the cases (`shards.split` by `case_cost`;
     ValueError when it has none) and names it in the provenance.
     """
-    started = time.perf_counter()
+    started, started_mono = time.perf_counter(), time.monotonic()
     phases = Phases()
     check_arguments(threads=threads, rounds=rounds, min_time_s=min_time_s,
                     max_call_s=max_call_s, time_limit_s=time_limit_s,
@@ -170,49 +180,81 @@ def run(preset: str | Preset = DEFAULT_PRESET, *, device: str | None = None,
         f"{len(cases)} cases, backends {', '.join(names)}"
         + (f", peers {', '.join(peer_run)}" if peer_run else "") + "; measuring ceilings")
     phases.add("set-up", phases.total())  # backends (and the extension's build), provenance
-    with phases.phase("ceilings"):
-        ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
-    meter = EnergyMeter(dev, energy_window_s)
-    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
-    ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
-                  sparse_backends=sparse_requested or None, peers=peer_run, deadline=deadline)
-    with phases.phase("cases"):
-        rows = run_cases(ctx, cases, progress=progress, cost=case_cost,
-                         prior_s_per_cost=preset.seconds_per_cost)
-    if past(deadline):
-        log(f"the time limit of {time_limit_s:g} s was reached: shapes not measured by then "
-            "are in the results as skipped")
-    log("measuring the ceilings again")
-    with phases.phase("ceilings"):
-        ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes,
-                                                             preset.ceiling_time_s))
-    info["load_average_end"] = provenance.load_average()
-    table = results.table(rows, ceilings, info)
-    meta = {
-        "command": command or f"python -m bench --preset {preset.name}",
-        "provenance": info,
-        "preset": {"name": preset.name, "description": preset.description,
-                   "min_time_s": preset.min_time_s, "rounds": preset.rounds,
-                   "max_call_s": preset.max_call_s,
-                   "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
-                                                                 for p in c.passes})},
-        "backends": [*names, *peer_run, *map(kept.sparse_label, sparse_names)],
-        # what each backend's ratio to the best peer (results.PEER_COLUMN) is over
-        "peers": [*(b for b in peers.BACKEND_PEERS if b in names), *peer_run],
-        # what speedup_vs_baseline and speedup_best are over
-        "baseline": registry.baseline().name,
-        "unavailable": unavailable,
-        "ceilings": ceilings.as_dict(),
-        "memory_method": memory.MEMORY_METHOD[dev.type],
-        "energy": meter.describe(),
-        "elapsed_s": round(time.perf_counter() - started, 1),
-        "phases": phases.seconds,
-    }
-    output = RunOutput(table, meta)
-    if out_dir is not None:
-        with phases.phase("reports"):
-            output.files.extend(write_reports(table, meta, out_dir, install_dispatch, plots))
-        meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    with stop_on_signals(log) as stop:
+        with phases.phase("ceilings"):
+            ceilings = ceilings_mod.measure(dev, run_dtypes, preset.ceiling_time_s)
+        ceilings_s = phases.seconds["ceilings"]
+        meter = EnergyMeter(dev, energy_window_s)
+        deadline = None if time_limit_s is None else started_mono + time_limit_s
+        budget = None if deadline is None else Budget(deadline, time_limit_s)
+        ctx = Context(preset, dev, names, ceilings, seed=seed, meter=meter, log=log,
+                      sparse_backends=sparse_requested or None, peers=peer_run,
+                      deadline=deadline, budget=budget)
+        stop.ctx = ctx
+        n_names = len(names) + len(peer_run) + len(sparse_names) + 1  # and the MLP
+        expected_rows = sum(len(c.passes) for c in cases) * n_names
+        if budget is not None:  # the closing ceilings take what the opening ones took
+            budget.closing_s = ceilings_s + budget_mod.reports_s(
+                expected_rows, plots and out_dir is not None)
+
+        def meta_of(ceilings: Ceilings) -> dict:
+            return {
+                "command": command or f"python -m bench --preset {preset.name}",
+                "provenance": info,
+                "preset": {"name": preset.name, "description": preset.description,
+                           "min_time_s": preset.min_time_s, "rounds": preset.rounds,
+                           "max_call_s": preset.max_call_s,
+                           "dtypes": list(run_dtypes), "passes": sorted({p for c in cases
+                                                                         for p in c.passes})},
+                "backends": [*names, *peer_run, *map(kept.sparse_label, sparse_names)],
+                # what each backend's ratio to the best peer (results.PEER_COLUMN) is over
+                "peers": [*(b for b in peers.BACKEND_PEERS if b in names), *peer_run],
+                # what speedup_vs_baseline and speedup_best are over
+                "baseline": registry.baseline().name,
+                "unavailable": unavailable,
+                "ceilings": ceilings.as_dict(),
+                "memory_method": memory.MEMORY_METHOD[dev.type],
+                "energy": meter.describe(),
+                "elapsed_s": round(time.perf_counter() - started, 1),
+                "phases": phases.seconds,  # the live dict: the reports phase joins it
+            }
+
+        writer = None if out_dir is None else RowsWriter(out_dir, ctx, info, meta_of)
+        with phases.phase("cases"):
+            rows = run_cases(ctx, cases, progress=progress, cost=case_cost,
+                             prior_s_per_cost=preset.seconds_per_cost, on_group=writer)
+        closing = closing_notes(ctx, ceilings_s, len(rows), plots and out_dir is not None)
+        if any(isinstance(r.get("note"), str) and "time limit" in r["note"] for r in rows):
+            log(f"the time limit of {time_limit_s:g} s left too little for some shapes or "
+                "backends: they are in the results as skipped, each saying why")
+        if "ceilings" in closing:
+            log(f"the closing ceilings are not measured again: {closing['ceilings']}")
+            ceilings = dataclasses.replace(ctx.ceilings, details={
+                **ctx.ceilings.details,
+                "measured": "the fastest call seen at the start (and briefly between cases on "
+                            f"a CPU); not measured again at the end: {closing['ceilings']}"})
+        else:
+            log("measuring the ceilings again")
+            with phases.phase("ceilings"):
+                ceilings = ctx.ceilings.best_of(ceilings_mod.measure(dev, run_dtypes,
+                                                                     preset.ceiling_time_s))
+        if "plots" in closing:
+            log(f"no plots: {closing['plots']}")
+            plots = False
+        info["load_average_end"] = provenance.load_average()
+        table = results.table(rows, ceilings, info)
+        meta = meta_of(ceilings)
+        if time_limit_s is not None or closing:
+            meta["time_limit"] = {"limit_s": time_limit_s, **closing}
+        output = RunOutput(table, meta)
+        if out_dir is not None:
+            with phases.phase("reports"):
+                output.files.extend(write_reports(table, meta, out_dir, install_dispatch,
+                                                  plots))
+            meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    if ctx.stopped is not None:
+        log(f"stopped by {ctx.stopped}: the reports hold the shapes measured before it")
+        raise Stopped(128 + getattr(signal, ctx.stopped))
     return output
 
 

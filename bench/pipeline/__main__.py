@@ -5,6 +5,8 @@ variables) runs shard K of N's (head, data, seed) units into OUT/shard-K-of-N, a
 `glai-bench merge --pipeline OUT SHARD...` joins the shards' records into one report.
 `--unit-time-limit S` runs each unit in a process of its own and stops one past S seconds;
 the report is rewritten after every unit, so a run cut off by its lease keeps what finished.
+`--time-limit S` ends the whole run by itself within S seconds, its report written: a unit
+that could not finish in what is left is not started, and the report names it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds: each (head, data, seed) unit runs in a process of its "
                              "own and is stopped past S, listed in the report as cut off "
                              "(default: no limit; units in this process unless --jobs > 1)")
+    parser.add_argument("--time-limit", type=positive_float, metavar="S",
+                        help="seconds: the whole run ends by itself within S, its report "
+                             "written; a unit that cannot finish in what is left (its "
+                             "--unit-time-limit, else the longest unit so far) is not started "
+                             "and is named in the report (default: no limit)")
     shards.add_argument(parser, "(head, data, seed) units", "glai-bench merge --pipeline")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -108,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                    data_files=dict(args.data), switch=args.switch, device=args.device,
                    progress=not args.no_progress, threads=args.threads or None,
                    jobs=args.jobs, compile_mlp=False if args.no_compile else None,
-                   shard=shard, unit_time_limit_s=args.unit_time_limit)
+                   shard=shard, unit_time_limit_s=args.unit_time_limit,
+                   time_limit_s=args.time_limit)
     except ValueError as e:  # a data file that does not fit its head, a shard with no unit
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

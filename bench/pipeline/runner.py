@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import multiprocessing
 import multiprocessing.process
 import os
@@ -80,7 +82,8 @@ def warm_up_shapes(head: PaperHead, data: EmbeddingSplits, protocol: Protocol) -
 def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None = None,
                progress: bool = True, threads: int | None = 1, jobs: int = 1,
                shard: shards.Shard | None = None,
-               unit_time_limit_s: float | None = None) -> list[dict]:
+               unit_time_limit_s: float | None = None,
+               time_limit_s: float | None = None) -> list[dict]:
     """Run every job of `preset`, write the reports into out_dir, return the records.
 
     `threads`: torch's intra-op threads for the run (None: leave as is). One by default: at
@@ -97,18 +100,27 @@ def run_config(preset: Preset, out_dir: pathlib.Path, *, data_files: dict | None
     `unit_time_limit_s`: each unit in a process of its own (also with jobs = 1), killed past
     that many seconds and listed in the report as cut off. The report is rewritten, each
     file in one rename, after every unit, so a run cut off by its lease leaves its finished
-    units' records (results.json) and tables."""
+    units' records (results.json) and tables.
+    `time_limit_s`: the whole run ends by itself within that many seconds of this call, its
+    report written: units in processes of their own (also with jobs = 1), a unit not started
+    when what is left after the report's reserve cannot hold it (`RunClock.starts`), one
+    still running at the run's end stopped; the report names both."""
+    started = time.monotonic()
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if unit_time_limit_s is not None and not unit_time_limit_s > 0:
-        raise ValueError(f"unit_time_limit_s must be positive, got {unit_time_limit_s!r}")
+    for name, value in (("unit_time_limit_s", unit_time_limit_s),
+                        ("time_limit_s", time_limit_s)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
     data_files = data_files or {}
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        clock = None if time_limit_s is None else RunClock(started + time_limit_s,
+                                                           time_limit_s)
         return _run_config(preset, out_dir, data_files, progress, threads, jobs, shard,
-                           unit_time_limit_s)
+                           unit_time_limit_s, clock)
     finally:
         torch.set_num_threads(before)
 
@@ -177,15 +189,50 @@ def _family_first(unit: Unit) -> int:
 
 
 Done = Callable[[Unit, "tuple[list[dict], str, str, float] | None", str], None]
+# the report's reserve before its first write is timed: 2 s measured for ten records on this
+# project's 2-core CPU (six PNG figures), about twice that
+REPORT_RESERVE_S = 5.0
+
+
+@dataclasses.dataclass
+class RunClock:
+    """A pipeline run's time limit: `end` (time.monotonic()) by which it has ended, its report
+    written; `report_s` the reserve for that last write (twice the slowest write so far, at
+    least REPORT_RESERVE_S)."""
+
+    end: float
+    limit_s: float
+    report_s: float = REPORT_RESERVE_S
+    longest_unit_s: float = 0.0
+
+    def work_left_s(self) -> float:
+        """Seconds a unit may still run: to the end, less the report's reserve."""
+        return self.end - self.report_s - time.monotonic()
+
+    def starts(self, unit_limit_s: float | None) -> bool:
+        """Whether a unit can finish in what is left: before any unit has ended, one that
+        may take the unit time limit; after, one half as long again as the longest so far
+        (the units run the longest families first), at most the unit time limit."""
+        need = unit_limit_s if unit_limit_s is not None else 0.0
+        if self.longest_unit_s > 0:
+            need = min(need or math.inf, 1.5 * self.longest_unit_s)
+        return self.work_left_s() >= need
+
+    def wrote(self, seconds: float) -> None:
+        self.report_s = max(self.report_s, 2 * seconds)
+
 
 
 def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads: int | None,
                    jobs: int, limit_s: float | None, done: Done,
-                   on_start: Callable[[Unit], None] | None = None) -> None:
+                   on_start: Callable[[Unit], None] | None = None,
+                   clock: RunClock | None = None) -> None:
     """Each unit in a fresh process of its own, `jobs` at once, the longest families first;
     one running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
     each ends, status "ok" (outcome its `_run_unit` result), "timed out" or "failed"
-    (outcome None); `on_start(unit)` as each starts."""
+    (outcome None); `on_start(unit)` as each starts. With `clock`, a unit it says cannot
+    finish is not started (status "not run") and one still running at its end is killed
+    (status "run limit")."""
     context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
     waiting = sorted(units, key=_family_first)
     running: dict[Unit, tuple[multiprocessing.process.BaseProcess, float, pathlib.Path]] = {}
@@ -193,6 +240,11 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
         try:
             while waiting or running:
                 while waiting and len(running) < jobs:
+                    if clock is not None and not clock.starts(limit_s):
+                        for unit in waiting:
+                            done(unit, None, "not run")
+                        waiting.clear()
+                        break
                     unit = waiting.pop(0)
                     result = pathlib.Path(tmp) / f"unit-{len(units) - len(waiting)}.pkl"
                     process = context.Process(target=_unit_process, daemon=True,
@@ -204,14 +256,19 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
                 time.sleep(0.05)
                 for unit, (process, began, result) in list(running.items()):
                     if process.is_alive():
-                        if limit_s is None or time.monotonic() - began < limit_s:
+                        over_run = clock is not None and clock.work_left_s() < 0
+                        if not over_run and (limit_s is None
+                                             or time.monotonic() - began < limit_s):
                             continue
                         _stop(process)
                         del running[unit]
-                        done(unit, None, "timed out")
+                        done(unit, None, "run limit" if over_run else "timed out")
                         continue
                     process.join()
                     del running[unit]
+                    if clock is not None:
+                        clock.longest_unit_s = max(clock.longest_unit_s,
+                                                   time.monotonic() - began)
                     if process.exitcode == 0 and result.exists():
                         done(unit, pickle.loads(result.read_bytes()), "ok")
                     else:
@@ -235,15 +292,18 @@ class _Collector:
     records and a report of them."""
 
     def __init__(self, preset: Preset, out_dir: pathlib.Path, units: list[Unit],
-                 meta: dict, bar) -> None:
+                 meta: dict, bar, clock: RunClock | None = None) -> None:
         self.preset, self.out_dir, self.units, self.meta, self.bar = (preset, out_dir, units,
                                                                       meta, bar)
+        self.clock = clock
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
         self.records: dict[Unit, list[dict]] = {}
         self.notes: dict[str, str] = {}
         self.cpu = 0.0
         self.timed_out: list[str] = []
         self.failed: list[str] = []
+        self.not_run: list[str] = []  # not started: the run's time limit
+        self.cut: list[str] = []  # stopped at the run's time limit
 
     def done(self, unit: Unit, outcome, status: str) -> None:
         if outcome is not None:
@@ -251,21 +311,28 @@ class _Collector:
             self.records[unit] = records
             self.notes[name] = description
             self.cpu += cpu
-        elif status == "timed out":
-            self.timed_out.append(unit_label(unit))
+        elif status == "not run":
+            self.not_run.append(unit_label(unit))
+            return  # never started: nothing to show on the bar, nothing new to write
         else:
-            self.failed.append(unit_label(unit))
+            {"timed out": self.timed_out, "run limit": self.cut}.get(
+                status, self.failed).append(unit_label(unit))
         self.bar.finish(unit)
-        if len(self.records) + len(self.timed_out) + len(self.failed) < len(self.units):
+        ended = (len(self.records) + len(self.timed_out) + len(self.failed) + len(self.cut)
+                 + len(self.not_run))
+        if ended < len(self.units):
             self.write(partial=True)
 
     def all_records(self) -> list[dict]:
         return [r for unit in self.units for r in self.records.get(unit, [])]
 
     def write(self, partial: bool = False) -> None:
-        """The report of the records so far, each file replaced in one rename."""
-        if not self.records:
+        """The report of the records so far, each file replaced in one rename (with no
+        record, a run that had units cut off or not run still writes its README saying so)."""
+        if not self.records and not (self.timed_out or self.failed or self.cut
+                                     or self.not_run):
             return
+        began = time.monotonic()
         meta = {**self.meta, "data": self.notes,
                 "wall_seconds": time.perf_counter() - self.started,
                 # with units in processes, the CPU time is theirs (this process only waits)
@@ -274,8 +341,11 @@ class _Collector:
                 "units": {"planned": [unit_label(u) for u in self.units],
                           "done": [unit_label(u) for u in self.units if u in self.records],
                           "timed_out": self.timed_out, "failed": self.failed,
+                          "not_run": self.not_run, "cut_off": self.cut,
                           "partial": partial}}
         write_report_atomically(self.all_records(), meta, self.out_dir)
+        if self.clock is not None:
+            self.clock.wrote(time.monotonic() - began)
 
 
 def coverage_note(meta: dict) -> str | None:
@@ -294,6 +364,12 @@ def coverage_note(meta: dict) -> str | None:
                      f"so not in the tables: {'; '.join(units['timed_out'])}")
     if units.get("failed"):
         parts.append(f"failed, so not in the tables: {'; '.join(units['failed'])}")
+    if units.get("cut_off"):
+        parts.append(f"stopped at the run's time limit of {meta.get('time_limit_s')} s, so not "
+                     f"in the tables: {'; '.join(units['cut_off'])}")
+    if units.get("not_run"):
+        parts.append(f"not run, the run's time limit of {meta.get('time_limit_s')} s leaving "
+                     f"too little for them: {'; '.join(units['not_run'])}")
     missing = (meta.get("shards") or {}).get("missing")
     if missing:
         parts.append(f"merged without shard(s) {', '.join(map(str, missing))} of "
@@ -309,7 +385,12 @@ def write_report_atomically(records: list[dict], meta: dict, out_dir: pathlib.Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".staging-", dir=out_dir) as tmp:
         staging = pathlib.Path(tmp)
-        report.write(records, meta, staging)
+        if records:
+            report.write(records, meta, staging)
+        else:  # no unit finished: what was planned and why none is in a table
+            (staging / "README.md").write_text("# GLAI pipeline: no unit finished\n")
+            (staging / "results.json").write_text(
+                json.dumps({"meta": meta, "records": []}, indent=1, default=str) + "\n")
         note = coverage_note(meta)
         readme = staging / "README.md"
         if note and readme.exists():
@@ -322,7 +403,8 @@ def write_report_atomically(records: list[dict], meta: dict, out_dir: pathlib.Pa
 def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
                 progress: bool, threads: int | None = 1, jobs: int = 1,
                 shard: shards.Shard | None = None,
-                unit_time_limit_s: float | None = None) -> list[dict]:
+                unit_time_limit_s: float | None = None,
+                clock: RunClock | None = None) -> list[dict]:
     every = units_of(preset, data_files)
     units = shards.split(every, lambda u: unit_cost(preset, u), shard)
     if not units:
@@ -343,6 +425,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         **({"shard": shard.provenance()} if shard else {}),
         **({"unit_time_limit_s": unit_time_limit_s} if unit_time_limit_s else {}),
+        **({"time_limit_s": clock.limit_s} if clock else {}),
     }
     # the bar's estimate of the time left weighs each unit by unit_cost (its prior: the
     # preset's measured seconds per unit of cost, scaled by the units run at once)
@@ -350,10 +433,11 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
              else preset.seconds_per_cost / min(jobs, len(units)))
     with EtaBar({u: unit_cost(preset, u) for u in units}, desc=f"GLAI pipeline ({preset.name})",
                 unit="run", disable=not progress, prior_s_per_cost=prior) as bar:
-        collector = _Collector(preset, out_dir, units, meta, bar)
-        if jobs > 1 or unit_time_limit_s is not None:
+        collector = _Collector(preset, out_dir, units, meta, bar, clock)
+        if jobs > 1 or unit_time_limit_s is not None or clock is not None:
             _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,
-                           collector.done, lambda unit: bar.start(unit, unit_label(unit)))
+                           collector.done, lambda unit: bar.start(unit, unit_label(unit)),
+                           clock)
         else:
             warm_up(preset)
             loaded = {}
@@ -380,13 +464,15 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
                jobs: int | None = None, compile_mlp: bool | None = None,
                shard: shards.Shard | None = None,
                unit_time_limit_s: float | None = None,
-               graphs: bool | None = None) -> list[dict]:
+               graphs: bool | None = None,
+               time_limit_s: float | None = None) -> list[dict]:
     """A named preset, optionally narrowed (heads, seeds) or redirected (files, device,
     threads); `switch` "fixed", "auto" or "both" (the default: both, side by side); `jobs`
     units at once (None: `default_jobs`); `compile_mlp` False leaves torch.compile out of
-    the engineered MLP step's candidates (None: the preset's choice); `shard` and
-    `unit_time_limit_s` as `run_config`'s; `graphs` prices every model's step replayed from
-    CUDA graphs too (`Protocol.graphs`; None: on a CUDA device, where launches are the cost)."""
+    the engineered MLP step's candidates (None: the preset's choice); `shard`,
+    `unit_time_limit_s` and `time_limit_s` as `run_config`'s; `graphs` prices every model's
+    step replayed from CUDA graphs too (`Protocol.graphs`; None: on a CUDA device, where
+    launches are the cost)."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     preset = PRESETS[name]
@@ -412,7 +498,7 @@ def run_preset(name: str, out_dir: pathlib.Path, *, heads: list[str] | None = No
         jobs = default_jobs(device, threads)
     return run_config(preset, out_dir, data_files=data_files, progress=progress,
                       threads=threads, jobs=jobs, shard=shard,
-                      unit_time_limit_s=unit_time_limit_s)
+                      unit_time_limit_s=unit_time_limit_s, time_limit_s=time_limit_s)
 
 
 def default_jobs(device: str, threads: int | None) -> int:

@@ -90,5 +90,5 @@ def test_main_prints_the_summary_and_refuses_an_unknown_one(tmp_path, capsys):
 
 def test_the_lease_script_calls_both_summaries():
     script = (Path(__file__).resolve().parents[1] / "tools" / "on_gpu.sh").read_text()
-    assert "-m bench.tools.lease_summaries energy /tmp/bench_cuda/energy/results.csv" in script
-    assert "-m bench.tools.lease_summaries triton /tmp/bench_cuda_triton" in script
+    assert "-m bench.tools.lease_summaries energy $WORK/bench_cuda/energy/results.csv" in script
+    assert "-m bench.tools.lease_summaries triton $WORK/bench_cuda_triton" in script

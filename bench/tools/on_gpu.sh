@@ -2,10 +2,18 @@
 # One call on a lent CUDA machine, sized for a short lease: build the extension with its CUDA
 # part, run every test whose id names cuda or triton, then time the paper heads on the GPU
 # (writes the CUDA dispatch table, in the archive). Each step ends by itself before its
-# deadline (the tests through bench/tools/lease_plugin.py, the sweep through --time-limit), so a
-# slow step leaves the others their time; what each step printed, the failures' tracebacks and the
-# run's reports as one archive land in $OUT (default /tmp/on_gpu), at most 8 files (the
-# device tool's limit).
+# deadline, reports written: the tests through bench/tools/lease_plugin.py, every `glai-bench
+# run` through its --time-limit (which holds its opening ceilings, its shapes, its closing
+# ceilings and reports: bench/harness/budget.py; results.csv is also written after each shape
+# and on SIGTERM), the pipeline through its --time-limit and --unit-time-limit. Each program's
+# limit is its step's share less BACKSTOP_S (default 10: the interpreter's start-up, before the
+# limit's clock starts), and `timeout` at the share is only a backstop (the build alone has
+# nothing but its timeout); a step whose share is under the least that measures something
+# (BENCH_FLOOR_S=45 for the kernel sweep, STEP_FLOOR_S=30 for the others) is skipped with a
+# line in steps.txt saying so. A slow step thus leaves the others their time; what each step
+# printed, the failures' tracebacks and the run's reports as one archive land in $OUT (default
+# /tmp/on_gpu), at most 8 files (the device tool's limit). The runs' folders
+# (bench_cuda, pipeline, ... below) are in $WORK (default /tmp).
 #
 #     bash bench/tools/on_gpu.sh            # from the repository root, on the GPU machine
 #     TOTAL_S=560 TEST_S=120 BENCH_MIN_S=120 ENERGY_S=60 TC_S=75 KEPT_S=90 PIPE_S=90 \
@@ -38,8 +46,9 @@
 #                                         # alone, cpu and cuda ids, whole tracebacks
 #     PIPE_S=90 PIPE_PRESET=quick ...   # the defaults: after the kernel sweep, the GLAI pipeline
 #         of the six heads, one seed, each (head, data, seed) unit in its own process and cut
-#         off past PIPE_UNIT_S (default PIPE_S/6); its report is rewritten after every unit, so
-#         the lease's end keeps what finished (/tmp/pipeline, in the archive). PIPE_S=0: none.
+#         off past PIPE_UNIT_S (default PIPE_S/6); a unit that could not finish before the
+#         step's end is not started (the report names it), and the report is rewritten after
+#         every unit (/tmp/pipeline, in the archive). PIPE_S=0: none.
 #     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
 #     the kernel sweep.
 #     KEPT_S=90 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
@@ -50,8 +59,9 @@
 #         cp .../dispatch/*.layout_crossover.json glai_kernels/dispatch/
 #
 # The CPU dry run (CI runs it: .ci/run), every step but the tests, energy and the kept sweep
-# end to end in under 4 minutes (each step is cut at its share of TOTAL_S, so it cannot run
-# longer):
+# end to end in under 4 minutes (each step ends by itself within its share of TOTAL_S;
+# bench/tests/test_lease_steps.py runs it with tighter shares and checks no step needed its
+# `timeout`):
 #     OUT=/tmp/on_gpu_dry TOTAL_S=230 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
 #       TC_S=30 TC_PRESET=quick TC_HEADS=A1 TC_BATCHES=16 TC_DTYPES=float32,float16 \
@@ -62,6 +72,8 @@
 # installs nothing (the repository is imported from the checkout).
 set -u
 OUT=${OUT:-/tmp/on_gpu}
+# where the runs write their folders (bench_cuda, pipeline, ...), archived from there
+WORK=${WORK:-/tmp}
 mkdir -p "$OUT"
 START=$(date +%s)
 TOTAL_S=${TOTAL_S:-560}
@@ -74,6 +86,8 @@ ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 
 KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
 TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 75 || echo 0 )}
 BENCH_MIN_S=${BENCH_MIN_S:-120}
+# a program's own limit is its share less this (its start-up comes before the limit's clock)
+BACKSTOP_S=${BACKSTOP_S:-10}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export GLAI_KERNELS_CACHE=${GLAI_KERNELS_CACHE:-/tmp/glai_cache}
@@ -81,6 +95,10 @@ PY=${PY:-python3}
 
 left() { echo $((TOTAL_S - ($(date +%s) - START))); }
 step() { printf '\n== %s (at %ss, %ss left)\n' "$1" $(( $(date +%s) - START )) "$(left)"; }
+# skipped NAME BUDGET FLOOR: a line saying why a step does not run (its share under the
+# least that measures something: start-up, the ceilings twice, one shape, the reports)
+skipped() { echo "$1: skipped, $2 s left for it (a run that measures something needs $3 s)" |
+  tee -a "$OUT/steps.txt"; }
 
 {
   step environment
@@ -109,6 +127,7 @@ timeout 60 "$PY" -m glai_kernels >>"$OUT/build.log" 2>&1
 if [ -n "${TEST_FOCUS:-}" ]; then
   step "focus: $TEST_FOCUS" | tee -a "$OUT/steps.txt"
   # one process, long tracebacks: a failure to be read, not counted
+  GLAI_TESTS_UNTIL=$(( $(date +%s) + ${FOCUS_S:-90} - 20 )) \
   timeout -s INT -k 10 "${FOCUS_S:-90}" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist \
     --timeout 60 --tb=long -rfE --benchmark-disable -k "$TEST_FOCUS" correctness bench/tests \
     >"$OUT/focus.log" 2>&1
@@ -133,41 +152,45 @@ fi
 fi
 
 step bench | tee -a "$OUT/steps.txt"
-# the cases stop 60 s before the step's end, for the closing ceilings, reports and plots; the
-# limit is checked before each backend's first call (which may autotune for tens of seconds)
+# the run keeps its limit itself, closing ceilings, reports and plots included; the limit is
+# checked before each shape and each backend's first call (which may autotune for tens of
+# seconds) against their estimates
 budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - ENERGY_S - TC_S - KEPT_S ))
-margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # 60 s, or a third of a short step's
-[ "$budget" -lt 15 ] && budget=15 margin=5  # too little left: a token run that still reports
-timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
+rm -rf $WORK/bench_cuda/results.csv $WORK/bench_cuda/results.json $WORK/bench_cuda/summary.md
+if [ "$budget" -lt "${BENCH_FLOOR_S:-45}" ]; then
+  skipped bench "$budget" "${BENCH_FLOOR_S:-45}"
+else
+timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
   --preset "${BENCH_PRESET:-default}" --dtypes "${BENCH_DTYPES:-float32,bfloat16}" --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
   ${BENCH_HEADS:+--heads "$BENCH_HEADS"} \
   --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
-  --energy-window 0 --time-limit $(( budget - margin )) \
-  --out /tmp/bench_cuda --no-history >"$OUT/bench.log" 2>&1
+  --energy-window 0 --time-limit $(( budget - BACKSTOP_S )) \
+  --out $WORK/bench_cuda --no-history >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/steps.txt"
+fi
 if [ "$ENERGY_S" -gt 0 ]; then
   # NVML energy at windows of 1 s (bench/harness/energy.py), and the `train` pass, at a few
   # heads at the paper's batch: 1 s a reading is ~30 readings in 90 s. Written inside
-  # /tmp/bench_cuda (energy/), so the archive holds it; the steps after keep their time.
+  # $WORK/bench_cuda (energy/), so the archive holds it; the steps after keep their time.
   step "energy and train at ${ENERGY_HEADS:-A1,A2,C1,B1}, B ${ENERGY_BATCHES:-16}" \
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - TC_S - KEPT_S ))
   [ "$budget" -gt "$ENERGY_S" ] && budget=$ENERGY_S
-  margin=$(( budget / 3 < 40 ? budget / 3 : 40 ))  # the closing ceilings and reports
-  if [ "$budget" -ge 30 ]; then
-    rm -rf /tmp/bench_cuda/energy  # no stale report from an earlier run on this machine
+  # its estimates count each 1 s energy window (bench/harness/budget.py)
+  rm -rf $WORK/bench_cuda/energy  # no stale report from an earlier run on this machine
+  if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --preset "${BENCH_PRESET:-default}" --sweeps heads \
       --heads "${ENERGY_HEADS:-A1,A2,C1,B1}" --batches "${ENERGY_BATCHES:-16}" \
       --dtypes float32 --passes "${ENERGY_PASSES:-forward,train,both}" --peers none \
       --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
-      --energy-window 1 --time-limit $(( budget - margin )) --out /tmp/bench_cuda/energy \
+      --energy-window 1 --time-limit $(( budget - BACKSTOP_S )) --out $WORK/bench_cuda/energy \
       --no-history --no-plots >>"$OUT/bench.log" 2>&1
     echo "energy rc=$?" | tee -a "$OUT/steps.txt"
-    "$PY" -m bench.tools.lease_summaries energy /tmp/bench_cuda/energy/results.csv \
+    "$PY" -m bench.tools.lease_summaries energy $WORK/bench_cuda/energy/results.csv \
       >>"$OUT/bench.log" 2>&1
   else
-    echo "energy: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
+    skipped energy "$budget" "${STEP_FLOOR_S:-30}"
   fi
 fi
 if [ "$TC_S" -gt 0 ]; then
@@ -177,31 +200,37 @@ if [ "$TC_S" -gt 0 ]; then
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - PIPE_S - KEPT_S ))
   [ "$budget" -gt "$TC_S" ] && budget=$TC_S
-  margin=$(( budget / 3 < 30 ? budget / 3 : 30 ))  # the closing reports
-  if [ "$budget" -ge 30 ]; then
-    rm -rf /tmp/bench_cuda/tensor_cores
+  rm -rf $WORK/bench_cuda/tensor_cores
+  if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
     timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --preset "${TC_PRESET:-full}" --sweeps heads --matmul-precision high \
       --heads "${TC_HEADS:-A1,A2,C1,C2}" --batches "${TC_BATCHES:-4096,256}" \
       --dtypes "${TC_DTYPES:-float32,float16,bfloat16}" --passes forward,both --peers none \
       --backends "${TC_BACKENDS:-torch,cuda}" --rounds 3 --min-time 0.05 --energy-window 0 \
-      --time-limit $(( budget - margin )) --out /tmp/bench_cuda/tensor_cores \
+      --time-limit $(( budget - BACKSTOP_S )) --out $WORK/bench_cuda/tensor_cores \
       --no-history --no-plots >>"$OUT/bench.log" 2>&1
     echo "tensor cores rc=$?" | tee -a "$OUT/steps.txt"
   else
-    echo "tensor cores: skipped, ${budget} s left for it" | tee -a "$OUT/steps.txt"
+    skipped "tensor cores" "$budget" "${STEP_FLOOR_S:-30}"
   fi
 fi
 if [ "$PIPE_S" -gt 0 ]; then
-  # one seed of the six heads; a unit past its limit is stopped and named in the report, and
-  # the report (rewritten after every unit) survives the step's timeout
+  # one seed of the six heads; a unit past its limit is stopped and named in the report, one
+  # that could not finish before the step's end is not started (named too), and the report is
+  # rewritten after every unit
   step "pipeline: ${PIPE_PRESET:-quick}, one seed" | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - KEPT_S ))
-  rm -rf /tmp/pipeline
-  timeout -k 10 "$budget" "$PY" -m bench pipeline --preset "${PIPE_PRESET:-quick}" --seeds 1 \
-    --device "${BENCH_DEVICE:-cuda}" --jobs 1 --unit-time-limit "${PIPE_UNIT_S:-$(( budget / 6 ))}" \
-    --no-progress --out /tmp/pipeline >>"$OUT/bench.log" 2>&1
-  echo "pipeline rc=$?" | tee -a "$OUT/steps.txt"
+  rm -rf $WORK/pipeline
+  if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
+    timeout -k 10 "$budget" "$PY" -m bench pipeline --preset "${PIPE_PRESET:-quick}" \
+      --seeds 1 --device "${BENCH_DEVICE:-cuda}" --jobs 1 \
+      --unit-time-limit "${PIPE_UNIT_S:-$(( budget / 6 ))}" \
+      --time-limit $(( budget - BACKSTOP_S )) --no-progress --out $WORK/pipeline \
+      >>"$OUT/bench.log" 2>&1
+    echo "pipeline rc=$?" | tee -a "$OUT/steps.txt"
+  else
+    skipped pipeline "$budget" "${STEP_FLOOR_S:-30}"
+  fi
 fi
 if [ "$KEPT_S" -gt 0 ]; then
   # the kept-fraction sweep's training-step pass: sparse `cuda` and `torch` on the K kept
@@ -212,17 +241,21 @@ if [ "$KEPT_S" -gt 0 ]; then
   step "kept sweep: step pass" | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} ))
   [ "$budget" -gt "$KEPT_S" ] && budget=$KEPT_S
-  margin=$(( budget / 3 < 60 ? budget / 3 : 60 ))  # the closing ceilings and reports, as above
-  [ "$budget" -lt 20 ] && budget=20 margin=5  # too little left: a token run that still reports
+  rm -rf $WORK/bench_cuda/kept_step
+  if [ "$budget" -lt "${STEP_FLOOR_S:-30}" ]; then
+    skipped "kept step" "$budget" "${STEP_FLOOR_S:-30}"
+  else
   timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
     --preset default --sweeps kept_fraction --passes step --batches 16,32 \
     ${KEPT_HEADS:+--heads "$KEPT_HEADS"} --dtypes float32 --peers none \
     --backends "${KEPT_BACKENDS:-torch,cuda,sparse:cuda,sparse:torch}" --rounds 3 \
-    --min-time 0.05 --energy-window 0 --time-limit $(( budget - margin )) \
-    --out /tmp/bench_cuda/kept_step --no-history --no-plots >>"$OUT/bench.log" 2>&1
+    --min-time 0.05 --energy-window 0 --time-limit $(( budget - BACKSTOP_S )) \
+    --out $WORK/bench_cuda/kept_step --no-history --no-plots >>"$OUT/bench.log" 2>&1
   echo "kept step rc=$?" | tee -a "$OUT/steps.txt"
-  grep -H -m1 '"crossover"' /tmp/bench_cuda/kept_step/dispatch/*.layout_crossover.json 2>&1 |
-    tee -a "$OUT/steps.txt"
+  grep -H -m1 '"crossover"' $WORK/bench_cuda/kept_step/dispatch/*.layout_crossover.json \
+    2>/dev/null | tee -a "$OUT/steps.txt" | grep -q . ||
+    echo "no layout crossover table (too few step rows measured)" | tee -a "$OUT/steps.txt"
+  fi
 fi
 if [ "${TRITON_S:-0}" -gt 0 ]; then
   # triton tunes each new shape (a few seconds, predicted; tens before issue 38): a few heads
@@ -232,17 +265,21 @@ if [ "${TRITON_S:-0}" -gt 0 ]; then
   step "triton at ${TRITON_HEADS:-A1,C2}, B ${TRITON_BATCHES:-16,256,4096}" \
     | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${REPEAT_S:-0} ))
-  rm -rf "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/triton_cold /tmp/bench_cuda_triton
-  TRITON_CACHE_DIR=/tmp/triton_cold timeout "$budget" "$PY" -m bench run --suite kernels \
+  rm -rf "$GLAI_KERNELS_CACHE/triton-autotune" $WORK/triton_cold $WORK/bench_cuda_triton
+  if [ "$budget" -lt "${STEP_FLOOR_S:-30}" ]; then
+    skipped triton "$budget" "${STEP_FLOOR_S:-30}"
+  else
+  TRITON_CACHE_DIR=$WORK/triton_cold timeout -k 10 "$budget" "$PY" -m bench run --suite kernels \
     --device "${BENCH_DEVICE:-cuda}" --preset "${TRITON_PRESET:-default}" --sweeps heads \
     --heads "${TRITON_HEADS:-A1,C2}" --batches "${TRITON_BATCHES:-16,256,4096}" --dtypes float32 \
     --passes "${TRITON_PASSES:-forward,train,both}" \
     --peers none --backends torch,cuda,triton --rounds 3 --min-time 0.05 --energy-window 0 \
-    --time-limit $(( budget - 30 )) --out /tmp/bench_cuda_triton --no-history --no-plots \
-    >>"$OUT/bench.log" 2>&1
+    --time-limit $(( budget - BACKSTOP_S )) --out $WORK/bench_cuda_triton --no-history \
+    --no-plots >>"$OUT/bench.log" 2>&1
   echo "triton rc=$?" | tee -a "$OUT/steps.txt"
-  cp -r "$GLAI_KERNELS_CACHE/triton-autotune" /tmp/bench_cuda_triton/ 2>/dev/null
-  "$PY" -m bench.tools.lease_summaries triton /tmp/bench_cuda_triton >>"$OUT/bench.log" 2>&1
+  cp -r "$GLAI_KERNELS_CACHE/triton-autotune" $WORK/bench_cuda_triton/ 2>/dev/null
+  "$PY" -m bench.tools.lease_summaries triton $WORK/bench_cuda_triton >>"$OUT/bench.log" 2>&1
+  fi
 fi
 if [ "${REPEATS:-0}" -gt 0 ]; then
   # the host-bound small heads' medians move between runs (docs/notes/cuda.md, "An H200 lease"):
@@ -250,19 +287,28 @@ if [ "${REPEATS:-0}" -gt 0 ]; then
   for k in $(seq "$REPEATS"); do
     step "repeat $k of $REPEATS at ${REPEAT_HEADS:-A1,A2,C1,C2}" | tee -a "$OUT/steps.txt"
     budget=$(( ($(left) - 10) / (REPEATS - k + 1) ))
-    [ "$budget" -lt 40 ] && break
-    timeout "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
+    if [ "$budget" -lt 40 ]; then skipped "repeat $k" "$budget" 40; break; fi
+    timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" \
       --sweeps heads --heads "${REPEAT_HEADS:-A1,A2,C1,C2}" --batches "${REPEAT_BATCHES:-16,32}" \
       --dtypes float32 --passes forward,both --peers einsum \
       --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
-      --energy-window 0 --time-limit $(( budget - 25 )) --out "/tmp/bench_repeat$k" \
+      --energy-window 0 --time-limit $(( budget - BACKSTOP_S )) --out "$WORK/bench_repeat$k" \
       --no-history --no-plots >>"$OUT/bench.log" 2>&1
     echo "repeat $k rc=$?" | tee -a "$OUT/steps.txt"
   done
 fi
-tar -czf "$OUT/bench_cuda.tgz" -C /tmp bench_cuda $(ls -d /tmp/bench_cuda_triton \
-  /tmp/bench_repeat* /tmp/pipeline 2>/dev/null | xargs -r -n1 basename) 2>>"$OUT/steps.txt"
+# only the folders the steps left (a skipped step leaves none)
+kept=$(ls -d "$WORK"/bench_cuda "$WORK"/bench_cuda_triton "$WORK"/bench_repeat* \
+  "$WORK"/pipeline 2>/dev/null | xargs -r -n1 basename)
+if [ -n "$kept" ]; then
+  tar -czf "$OUT/bench_cuda.tgz" -C "$WORK" $kept 2>>"$OUT/steps.txt"
+else
+  echo "no archive: no step left a report" | tee -a "$OUT/steps.txt"
+fi
 
 step done | tee -a "$OUT/steps.txt"
-head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log"; sed -n 1,40p /tmp/bench_cuda/summary.md
-sed -n 1,12p /tmp/pipeline/table3.md 2>/dev/null; tail -25 "$OUT/tests.log"; head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
+head -4 "$OUT/build.log"; tail -15 "$OUT/bench.log" 2>/dev/null
+if [ -f $WORK/bench_cuda/summary.md ]; then sed -n 1,40p $WORK/bench_cuda/summary.md
+else echo "no summary (step skipped/killed)"; fi
+sed -n 1,12p $WORK/pipeline/table3.md 2>/dev/null; tail -25 "$OUT/tests.log" 2>/dev/null
+head -c 4000 "$OUT/failures.txt" 2>/dev/null || true
