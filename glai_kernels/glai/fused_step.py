@@ -37,7 +37,8 @@ it the bit-for-bit equality with the ordinary loop.
 After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
 
 The engineered protocol's step (`native=True`, the default; issue 41): where the step allows
-it (the head's one-layer selector without dropout in training, on the extension's GEMM; the
+it (the head's one-layer selector on the extension's GEMM, its dropout in training drawn inside
+the call as the Python path draws it; the
 `cpp` backend; float32/float64 on CPU), the model call is one extension call,
 `glai_ext::sparse_step_forward` (the selector's gates, x with its column of ones, the sparse
 forward and the bias), and with the update in the kernel and the bias in the values' fused
@@ -161,9 +162,12 @@ class FusedSparseStep:
             weight_t, sel_bias = plan.selector._derived(
                 "columns", (plan.sel_buffers["weight0"], plan.sel_buffers["bias0"],
                             plan.sel_buffers["units"]), _selector_columns)
+            selector = plan.selector
+            rate = selector.dropout[0] if selector.training else 0.0
             y, x_aug, act = torch.ops.glai_ext.sparse_step_forward(
                 x, weight_t, sel_bias, plan.paths, values.detach(), plan.index_list,
-                None if plan.bias is None else plan.bias.detach())
+                None if plan.bias is None else plan.bias.detach(), rate,
+                plan.sel_buffers["units"][0] if rate > 0 else None, selector.widths[1])
             y.requires_grad_(True)
             calls.append((x_aug, act, self._resolved[1], y))
             return y
@@ -186,15 +190,15 @@ class FusedSparseStep:
         return y
 
     def _native_forward(self, x: torch.Tensor, plan: _Plan) -> bool:
-        """Whether this model call can be `glai_ext::sparse_step_forward`: the selector's
-        extension path of one frozen layer (PathSelector.forward's own condition), a
-        non-empty call, and the `cpp` backend resolved for it (`_backend`'s resolution, kept
-        per batch size: the call's shape is fixed by the plan but for the batch)."""
+        """Whether this model call can be `glai_ext::sparse_step_forward`: one frozen layer
+        on the selector's extension GEMM (PathSelector.forward's condition; its dropout in
+        training runs inside the op, drawing F.dropout's random numbers over the hidden
+        units' gates, as the Python path does), a non-empty call, and the `cpp` backend
+        resolved for it (`_backend`'s resolution, kept per batch size: the call's shape is
+        fixed by the plan but for the batch)."""
         selector = plan.selector
         if not (plan.native and x.dim() == 2 and x.shape[0] > 0
-                and x.shape[1] == selector.widths[0]
-                and not (selector.training and selector.dropout[0] > 0)
-                and selector._use_extension(x)):
+                and x.shape[1] == selector.widths[0] and selector._use_extension(x)):
             return False
         key = (x.shape[0], self.head.backend, os.environ.get(registry.ENV_VAR),
                torch.is_grad_enabled())
