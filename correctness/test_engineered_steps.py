@@ -50,12 +50,13 @@ def _glai_run(head, make_optimizer, native: bool, views: int = 1, lr_scale: floa
               contrastive: bool = False):
     """STEPS fused steps of `head` (cross entropy, `views` model calls per loss; or family
     B's two-view InfoNCE); returns (losses, state after, (native forwards, native updates)
-    run)."""
+    run: one-call and several-call updates counted together)."""
     optimizer = make_optimizer([p for p in head.parameters() if p.requires_grad])
     for group in optimizer.param_groups:
         group["lr"] *= lr_scale
     stepper = FusedSparseStep(head, optimizer, native=native)
     forwards, updates = _count(stepper, "_native_forward"), _count(stepper, "_native_update")
+    several = _count(stepper, "_native_update_calls")
     losses = []
     torch.manual_seed(11)  # dropout's random numbers, where the head has dropout
     for x, target in batches(head.sparse_weight.values.dtype):
@@ -64,7 +65,7 @@ def _glai_run(head, make_optimizer, native: bool, views: int = 1, lr_scale: floa
             continue
         losses.append(stepper.step(lambda model, x=x, t=target: sum(
             F.cross_entropy(model(x), t) for _ in range(views))))
-    return losses, state_of(head, optimizer), (forwards[0], updates[0])
+    return losses, state_of(head, optimizer), (forwards[0], updates[0] + several[0])
 
 
 ADAMS = {"adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, fused=True),
@@ -100,8 +101,8 @@ def test_the_comparison_sees_a_wrong_native_step():
 
 @pytest.mark.parametrize("case", ["two calls", "separate bias group"])
 def test_native_fused_step_falls_back_where_it_does_not_apply(case):
-    """Two model calls per loss (native forwards, the update from Python), the bias in its
-    own group (the native forward, the update from Python): still the Python path's bits."""
+    """Two model calls per loss (native forwards, the several-call native update), the bias
+    in its own group (the native forward, the update from Python): the Python path's bits."""
     head = sparse_head(torch.float64, backend="cpp")
     twin = copy.deepcopy(head)
     make = ADAMS["adam"]
@@ -113,7 +114,7 @@ def test_native_fused_step_falls_back_where_it_does_not_apply(case):
     views = 2 if case == "two calls" else 1
     losses, state, updates = _glai_run(head, make, native=True, views=views)
     python_losses, python_state, _ = _glai_run(twin, make, native=False, views=views)
-    assert updates == {"two calls": (2 * STEPS, 0), "separate bias group": (STEPS, 0)}[case]
+    assert updates == {"two calls": (2 * STEPS, STEPS), "separate bias group": (STEPS, 0)}[case]
     assert _equal(losses, python_losses)
     assert _equal(state, python_state)
 
@@ -122,10 +123,11 @@ def _mlp_run(model, native: bool, views: int = 1, gemm: str = "torch",
              contrastive: bool = False):
     """STEPS hand-fused SGD steps (fused, weight decay) of `model` on a seeded [BATCH, n0]
     squared error (`views` model calls per loss) or family B's two-view InfoNCE; returns
-    (losses, parameters after, native updates run)."""
+    (losses, parameters after, native updates run: one-call and several-call together)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, fused=True)
     stepper = HandFusedMLPStep(model, optimizer, native=native, gemm=gemm)
     updates = _count(stepper, "_native_update")
+    several = _count(stepper, "_native_update_calls")
     first = next(m for m in model if isinstance(m, torch.nn.Linear))
     last = [m for m in model if isinstance(m, torch.nn.Linear)][-1]
     gen = torch.Generator().manual_seed(4)
@@ -140,7 +142,7 @@ def _mlp_run(model, native: bool, views: int = 1, gemm: str = "torch",
             continue
         losses.append(stepper.step(lambda m, x=x, t=target: sum(
             (m(x) - t).square().mean() for _ in range(views))))
-    return losses, [p.detach().clone() for p in model.parameters()], updates[0]
+    return losses, [p.detach().clone() for p in model.parameters()], updates[0] + several[0]
 
 
 WIDTHS = [(11, 14, 5), (13, 17, 9, 3), (7, 3), (37, 70, 33)]
@@ -169,21 +171,18 @@ def test_native_mlp_step_is_the_python_hand_fused_step_bit_for_bit(widths, dtype
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("case", ["two calls", "two calls, dropout", "dropout in eval mode",
-                                  "two dropouts in a row"])
+@pytest.mark.parametrize("case", ["dropout in eval mode", "two dropouts in a row"])
 def test_native_mlp_step_falls_back_where_it_does_not_apply(case):
-    """Two model calls per loss (native forwards, each call's backward from Python, with
-    and without dropout), dropout in eval mode (nothing drawn: the native path) and a
-    chain the op does not take (two Dropouts in a row: the Python path): the Python bits."""
+    """Dropout in eval mode (nothing drawn: the native path) and a chain the op does not
+    take (two Dropouts in a row: the Python path): the Python path's bits."""
     model = random_mlp((11, 14, 5), seed=2, dropout=0.0 if case == "two calls" else 0.3)
     if case == "dropout in eval mode":
         model.eval()  # dropout does nothing: the native path applies
     if case == "two dropouts in a row":
         model = torch.nn.Sequential(*model[:3], torch.nn.Dropout(0.2), *model[3:])
     twin = copy.deepcopy(model)
-    views = 2 if case.startswith("two calls") else 1
-    losses, params, updates = _mlp_run(model, native=True, views=views)
-    python_losses, python_params, _ = _mlp_run(twin, native=False, views=views)
+    losses, params, updates = _mlp_run(model, native=True)
+    python_losses, python_params, _ = _mlp_run(twin, native=False)
     assert updates == (STEPS if case == "dropout in eval mode" else 0)
     assert _equal(losses, python_losses)
     assert _equal(params, python_params)
@@ -583,3 +582,60 @@ def test_native_dropout_ops_name_bad_arguments():
         torch.ops.glai_ext.sparse_step_forward(*args, 0.3, torch.full((plan.paths,), 14), 14)
     with pytest.raises(RuntimeError, match=r"dropout must be in \[0, 1\]"):
         torch.ops.glai_ext.sparse_step_forward(*args, -0.1, None, 14)
+
+
+# Two model calls per loss (issue 41, stop 48): each side's native update sums the calls'
+# gradients in call order, as its Python path does, then its update
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("adam", list(ADAMS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_fused_step_with_two_calls_is_the_python_step_bit_for_bit(dtype, adam, dropout):
+    head = sparse_head(dtype, dropout=dropout, backend="cpp")
+    twin = copy.deepcopy(head)
+    losses, state, updates = _glai_run(head, ADAMS[adam], native=True, views=2)
+    assert updates == (2 * STEPS, STEPS)
+    python_losses, python_state, _ = _glai_run(twin, ADAMS[adam], native=False, views=2)
+    assert _equal(losses, python_losses)
+    assert _equal(state, python_state)
+
+
+def test_the_two_call_comparison_sees_a_wrong_native_step():
+    """The known-wrong variant: a learning rate one part in 10^6 off changes the bits."""
+    head = sparse_head(torch.float32, dropout=0.3, backend="cpp")
+    twin = copy.deepcopy(head)
+    _, state, _ = _glai_run(head, ADAMS["adam"], native=True, views=2, lr_scale=1 + 1e-6)
+    _, python_state, _ = _glai_run(twin, ADAMS["adam"], native=False, views=2)
+    assert not _equal(state, python_state)
+
+
+@pytest.mark.parametrize("views", [2, 3])
+@pytest.mark.parametrize("kind", ["no dropout", *DROPOUT_MODELS])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_mlp_step_with_several_calls_is_the_python_step(dtype, kind, views):
+    """torch's GEMMs: the Python path's bits; the own tile: its rounding."""
+    make = (lambda: _model((13, 17, 9, 3), dtype)) if kind == "no dropout" else (
+        lambda: _dropout_model(kind, dtype))
+    python_losses, python_params, _ = _mlp_run(make(), native=False, views=views)
+    losses, params, updates = _mlp_run(make(), native=True, views=views)
+    assert updates == STEPS
+    assert _equal(losses, python_losses)
+    assert _equal(params, python_params)
+    losses, params, updates = _mlp_run(make(), native=True, views=views, gemm="own")
+    assert updates == STEPS
+    torch.testing.assert_close(losses, python_losses, **TOL[dtype])
+    torch.testing.assert_close(params, python_params, **TOL[dtype])
+
+
+def test_native_several_call_ops_name_bad_arguments():
+    x, w, b = torch.randn(4, 3), torch.randn(5, 3), torch.zeros(5)
+    with pytest.raises(RuntimeError, match="one dy and x per call"):
+        torch.ops.glai_ext.mlp_step_update_calls(
+            [torch.randn(4, 5)] * 2, [x], [], [w], [b],
+            [torch.empty_like(w), torch.empty_like(b)], 0.1, 0.0, 0.0, False, [], [])
+    values = torch.zeros(3)
+    with pytest.raises(RuntimeError, match="one dy, x_aug and act per call"):
+        torch.ops.glai_ext.sparse_step_update_calls(
+            [torch.randn(4, 2)], [], [], values, [], torch.zeros(3), torch.zeros(3),
+            torch.zeros(()), None, None, None, None, 0.1, 0.9, 0.999, 0.0, 1e-8, False)

@@ -303,6 +303,8 @@ class FusedSparseStep:
                 else:
                     self._update([(bias, _bias_grad(dy))])
             return loss.detach()
+        if self.native and len(calls) > 1 and self._native_update_calls(calls, grads, plan):
+            return loss.detach()
         needs = (False, False, True)
         dvalues = dbias = None
         for (x_aug, act, impl, _), dy in zip(calls, grads, strict=True):
@@ -354,6 +356,39 @@ class FusedSparseStep:
             grads[0], x_aug, act, plan.values.detach(), plan.index_list, state["exp_avg"],
             state["exp_avg_sq"], state["step"], *bias_args, float(group["lr"]), beta1, beta2,
             group["weight_decay"], group["eps"], bool(group.get("decoupled_weight_decay")))
+        return True
+
+    def _native_update_calls(self, calls: list, grads: tuple, plan: _Plan) -> bool:
+        """Several model calls' update as one call, `glai_ext::sparse_step_update_calls`
+        (each call's dvalues and dbias summed in call order, then torch's `_fused_adam_`: the
+        Python path below, its bits), when every call ran the `cpp` backend on a non-empty
+        batch and reached the loss, and the values (and a trained bias) are in one fused
+        group with a float lr; False (nothing done) otherwise."""
+        values, bias = plan.values, plan.bias
+        if not (plan.nnz > 0 and values.device.type == "cpu"
+                and values.dtype in (torch.float32, torch.float64)
+                and all(dy is not None for dy in grads)
+                and all(impl.name == "cpp" and x_aug.shape[0] > 0
+                        for x_aug, _, impl, _ in calls)):
+            return False
+        group = self._fused_group(values)
+        if group is None or isinstance(group["lr"], torch.Tensor):
+            return False
+        if bias is not None and bias.requires_grad:
+            if not any(p is bias for p in group["params"]):
+                return False
+            bias_state = self._state(bias)
+            bias_args = (bias.detach(), bias_state["exp_avg"], bias_state["exp_avg_sq"],
+                         bias_state["step"])
+        else:
+            bias_args = (None, None, None, None)
+        state = self._state(values)
+        beta1, beta2 = group["betas"]
+        torch.ops.glai_ext.sparse_step_update_calls(
+            list(grads), [c[0] for c in calls], [c[1] for c in calls], values.detach(),
+            plan.index_list, state["exp_avg"], state["exp_avg_sq"], state["step"], *bias_args,
+            float(group["lr"]), beta1, beta2, group["weight_decay"], group["eps"],
+            bool(group.get("decoupled_weight_decay")))
         return True
 
     def _fused_group(self, param: torch.Tensor) -> dict | None:

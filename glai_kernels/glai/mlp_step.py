@@ -236,6 +236,8 @@ class HandFusedMLPStep:
         if len(calls) == 1 and len(native) == 1:
             self._native_update(dys[0], *native[0])
             return loss.detach()
+        if len(native) == len(calls) and self._native_update_calls(dys, native):
+            return loss.detach()
         grads: dict = {}
         hiddens = iter(native)
         for (_, saved), dy in zip(calls, dys, strict=True):
@@ -245,16 +247,41 @@ class HandFusedMLPStep:
         self._update(grads)
         return loss.detach()
 
-    def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, relus: list,
-                       noise: list, weights: list, biases: list, own: bool) -> None:
-        """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
-        the gradients into buffers kept from step to step (the parameters' shapes)."""
+    def _native_update_calls(self, dys: tuple, native: list) -> bool:
+        """Several native calls' backward and update as one call,
+        `glai_ext::mlp_step_update_calls` (each call's gradients summed in call order, then
+        `_fused_sgd_`: the Python path's sums), when the calls agree on the GEMM and on which
+        layers drop; False (nothing done) otherwise."""
+        own = native[0][-1]
+        if any(call[-1] != own or bool(call[2]) != bool(native[0][2])
+               or [n is None for n in call[3]] != [n is None for n in native[0][3]]
+               for call in native):
+            return False
+        grads = self._gradient_buffers(native[0][4], native[0][5])
+        group = self.optimizer.param_groups[0]
+        torch.ops.glai_ext.mlp_step_update_calls(
+            list(dys), [call[0] for call in native],
+            [h for call in native for h in call[1]], native[0][4], native[0][5], grads,
+            group["lr"], group["weight_decay"], group["dampening"], own,
+            [r for call in native for r in call[2]], [n for call in native for n in call[3]])
+        return True
+
+    def _gradient_buffers(self, weights: list, biases: list) -> list:
+        """The native updates' gradient buffers, kept from step to step (the parameters'
+        shapes)."""
         grads = self._grads
         params = [p for pair in zip(weights, biases, strict=True) for p in pair]
         if len(grads) != len(params) or any(
                 g.shape != p.shape or g.dtype != p.dtype for g, p in zip(grads, params,
                                                                          strict=True)):
             grads = self._grads = [torch.empty_like(p) for p in params]
+        return grads
+
+    def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, relus: list,
+                       noise: list, weights: list, biases: list, own: bool) -> None:
+        """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
+        the gradients into buffers kept from step to step (the parameters' shapes)."""
+        grads = self._gradient_buffers(weights, biases)
         group = self.optimizer.param_groups[0]
         torch.ops.glai_ext.mlp_step_update(dy, x, hidden, weights, biases, grads,
                                            group["lr"], group["weight_decay"],

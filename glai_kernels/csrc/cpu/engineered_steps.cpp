@@ -263,6 +263,68 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_sparse_backward(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+    at::TensorList index) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              at::TensorList, const at::Tensor&, c10::List<bool>)>();
+  static const at::Tensor nothing_saved = at::empty({0});  // extension.py's _NOTHING_SAVED
+  return op.call(dy, x, act, values, index, nothing_saved, c10::List<bool>({false, false, true}));
+}
+
+// Several model calls per loss (FusedSparseStep's Python path for them): each call's dvalues by
+// glai_ext::sparse_backward and its dbias = dy summed over the batch (torch's sum), summed over
+// the calls in their order, then each step count += 1 and torch's own _fused_adam_ (AdamW's
+// when `decoupled`) over [values, bias]: the Python path's ops on its tensors, so its bits.
+void sparse_step_update_calls(
+    at::TensorList dys, at::TensorList x_augs, at::TensorList acts, at::Tensor& values,
+    at::TensorList index, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, at::Tensor& step,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+    const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+    double lr, double beta1, double beta2, double weight_decay, double eps, bool decoupled) {
+  constexpr const char* who = "glai_ext::sparse_step_update_calls";
+  const bool with_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!with_bias || (bias_exp_avg.has_value() && bias_exp_avg_sq.has_value() &&
+                             bias_step.has_value()),
+              who, ": a bias needs its exp_avg, exp_avg_sq and step");
+  TORCH_CHECK(!dys.empty() && x_augs.size() == dys.size() && acts.size() == dys.size(), who,
+              ": one dy, x_aug and act per call, got ", dys.size(), ", ", x_augs.size(), ", ",
+              acts.size());
+  at::Tensor dvalues, dbias;
+  for (size_t c = 0; c < dys.size(); ++c) {
+    const at::Tensor dy = dys[c].contiguous();
+    at::Tensor dv = std::get<2>(call_sparse_backward(dy, x_augs[c], acts[c], values, index));
+    TORCH_CHECK(dv.sizes() == values.sizes() && dv.scalar_type() == values.scalar_type(), who,
+                ": sparse_backward's dvalues must be values' shape and dtype");
+    dvalues = c == 0 ? dv : at::add(dvalues, dv);
+    if (!with_bias) continue;
+    at::Tensor db = at::sum(dy, at::IntArrayRef{0}, false, dy.scalar_type());
+    dbias = c == 0 ? db : at::add(dbias, db);
+  }
+  std::vector<at::Tensor> params{values}, grads{dvalues}, avgs{exp_avg}, sqs{exp_avg_sq},
+      steps{step};
+  advance(step);
+  if (with_bias) {
+    at::Tensor s = *bias_step;
+    advance(s);
+    params.push_back(*bias);
+    grads.push_back(dbias);
+    avgs.push_back(*bias_exp_avg);
+    sqs.push_back(*bias_exp_avg_sq);
+    steps.push_back(s);
+  }
+  if (decoupled)
+    at::_fused_adamw_(params, grads, avgs, sqs, {}, steps, lr, beta1, beta2, weight_decay, eps,
+                      false, false);
+  else
+    at::_fused_adam_(params, grads, avgs, sqs, {}, steps, lr, beta1, beta2, weight_decay, eps,
+                     false, false);
+}
+
 template <class T>
 using ProductFn = int (*)(const glai_cpu::Problem<T>&, T*);
 
@@ -485,12 +547,11 @@ std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList wei
   return out;
 }
 
-void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
-                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
-                     double lr, double weight_decay, double dampening, bool own_gemm,
-                     at::TensorList relus, const c10::List<std::optional<at::Tensor>>& noise) {
-  constexpr const char* who = "glai_ext::mlp_step_update";
-  check_chain(who, weights, biases);
+// One model call's backward: the gradients into `grads` (mlp_step_update's, without the update)
+void mlp_backward(const char* who, const at::Tensor& dy_in, const at::Tensor& x,
+                  at::TensorList hidden, at::TensorList weights, at::TensorList biases,
+                  at::TensorList grads, bool own_gemm, at::TensorList relus,
+                  const c10::List<std::optional<at::Tensor>>& noise) {
   const size_t layers = weights.size();
   TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
               ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
@@ -533,6 +594,11 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
       dy = at::threshold_backward(dh, relus.empty() ? input : relus[l - 1], 0);
     }
   }
+}
+
+void fused_sgd(at::TensorList weights, at::TensorList biases, at::TensorList grads, double lr,
+               double weight_decay, double dampening) {
+  const size_t layers = weights.size();
   std::vector<at::Tensor> params, gradients;
   for (size_t l = 0; l < layers; ++l) {
     params.push_back(weights[l]);
@@ -541,6 +607,52 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
     gradients.push_back(grads[2 * l + 1]);
   }
   at::_fused_sgd_(params, gradients, {}, weight_decay, 0.0, lr, dampening, false, false, false);
+}
+
+void mlp_step_update(const at::Tensor& dy, const at::Tensor& x, at::TensorList hidden,
+                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                     double lr, double weight_decay, double dampening, bool own_gemm,
+                     at::TensorList relus, const c10::List<std::optional<at::Tensor>>& noise) {
+  constexpr const char* who = "glai_ext::mlp_step_update";
+  check_chain(who, weights, biases);
+  mlp_backward(who, dy, x, hidden, weights, biases, grads, own_gemm, relus, noise);
+  fused_sgd(weights, biases, grads, lr, weight_decay, dampening);
+}
+
+// Several model calls per loss (HandFusedMLPStep's Python path: each call's backward, the
+// gradients summed over the calls in their order, g_0 + g_1 + ..., then one update): call c's
+// hidden, relus and noise are entries [c (L - 1), (c + 1) (L - 1)) of the flat lists; call 0's
+// gradients go into `grads`, each later call's into scratch, added in place (the same sums).
+void mlp_step_update_calls(at::TensorList dys, at::TensorList xs, at::TensorList hidden,
+                           at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                           double lr, double weight_decay, double dampening, bool own_gemm,
+                           at::TensorList relus,
+                           const c10::List<std::optional<at::Tensor>>& noise) {
+  constexpr const char* who = "glai_ext::mlp_step_update_calls";
+  check_chain(who, weights, biases);
+  const size_t calls = dys.size(), depth = weights.size() - 1;
+  TORCH_CHECK(calls >= 1 && xs.size() == calls && hidden.size() == calls * depth &&
+                  (relus.empty() || relus.size() == calls * depth) &&
+                  (noise.empty() || noise.size() == calls * depth),
+              who, ": one dy and x per call, and ", depth, " hidden (relus, noise: or none) "
+              "per call, got ", dys.size(), ", ", xs.size(), ", ", hidden.size(), ", ",
+              relus.size(), ", ", noise.size());
+  std::vector<at::Tensor> scratch;
+  for (size_t c = 0; c < calls; ++c) {
+    c10::List<std::optional<at::Tensor>> kept;
+    for (size_t l = 0; !noise.empty() && l < depth; ++l) kept.push_back(noise.get(c * depth + l));
+    if (c == 1)
+      for (const at::Tensor& g : grads) scratch.push_back(at::empty_like(g));
+    mlp_backward(who, dys[c], xs[c], hidden.slice(c * depth, depth), weights, biases,
+                 c == 0 ? grads : at::TensorList(scratch), own_gemm,
+                 relus.empty() ? relus : relus.slice(c * depth, depth), kept);
+    if (c > 0)
+      for (size_t k = 0; k < grads.size(); ++k) {
+        at::Tensor g = grads[k];
+        g.add_(scratch[k]);
+      }
+  }
+  fused_sgd(weights, biases, grads, lr, weight_decay, dampening);
 }
 
 }  // namespace
@@ -557,10 +669,20 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
       "Tensor(h!)? bias_step, float lr, float beta1, float beta2, float weight_decay, "
       "float eps, bool decoupled) -> ()");
   m.def(
+      "sparse_step_update_calls(Tensor[] dys, Tensor[] x_augs, Tensor[] acts, "
+      "Tensor(a!) values, Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
+      "Tensor(d!) step, Tensor(e!)? bias, Tensor(f!)? bias_exp_avg, "
+      "Tensor(g!)? bias_exp_avg_sq, Tensor(h!)? bias_step, float lr, float beta1, float beta2, "
+      "float weight_decay, float eps, bool decoupled) -> ()");
+  m.def(
       "mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases, bool own_gemm, "
       "float[] dropout=[]) -> Tensor[]");
   m.def(
       "mlp_step_update(Tensor dy, Tensor x, Tensor[] hidden, Tensor(a!)[] weights, "
+      "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
+      "float dampening, bool own_gemm, Tensor[] relus, Tensor?[] noise) -> ()");
+  m.def(
+      "mlp_step_update_calls(Tensor[] dys, Tensor[] xs, Tensor[] hidden, Tensor(a!)[] weights, "
       "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
       "float dampening, bool own_gemm, Tensor[] relus, Tensor?[] noise) -> ()");
 }
@@ -568,8 +690,10 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_step_forward", &sparse_step_forward);
   m.impl("sparse_step_update", &sparse_step_update);
+  m.impl("sparse_step_update_calls", &sparse_step_update_calls);
   m.impl("mlp_step_forward", &mlp_step_forward);
   m.impl("mlp_step_update", &mlp_step_update);
+  m.impl("mlp_step_update_calls", &mlp_step_update_calls);
 }
 
 }  // namespace glai_ext
