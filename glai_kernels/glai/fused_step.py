@@ -44,8 +44,11 @@ the call as the Python path draws it; the
 forward and the bias), and with the update in the kernel and the bias in the values' fused
 group, the update is one more, `glai_ext::sparse_step_update` (both step counts, dvalues with
 the values' Adam, the bias's): the same kernels on the same tensors as the Python path, so the
-same bits, without the Python and dispatches around them (csrc/cpu/engineered_steps.cpp). The
-MLP's engineered step gets the same two calls (glai/mlp_step.py, `HandFusedMLPStep`).
+same bits, without the Python and dispatches around them (csrc/cpu/engineered_steps.cpp). With
+several model calls per loss the update is one call too, `glai_ext::sparse_step_update_calls`
+(each call's dvalues and dbias summed in call order, then torch's `_fused_adam_`: the Python
+path's several-call update, its bits). The MLP's engineered step gets the same calls
+(glai/mlp_step.py, `HandFusedMLPStep`).
 
 The step follows its head: each step checks (by identity and size) the tensors it reads, so
 after `head.load_state_dict(...)`, of the same K or another, it trains what was loaded. A

@@ -25,9 +25,10 @@ draws, in its order, family B's two views included), float32/float64 on CPU, one
 group with momentum 0, each model call is one extension call, `glai_ext::mlp_step_forward`
 (the addmm, relu and dropout calls), and with one call per loss the backward and update are
 one more, `glai_ext::mlp_step_update` (the gradients' mm and sum into buffers kept by the
-step, dropout's and the ReLUs' backward, torch's `_fused_sgd_`): with `gemm="torch"` the same
-kernels on
-the same tensors as the Python path, so the same bits (csrc/cpu/engineered_steps.cpp). With
+step, dropout's and the ReLUs' backward, torch's `_fused_sgd_`; with several calls per loss
+`glai_ext::mlp_step_update_calls`, each call's gradients summed in call order): with
+`gemm="torch"` the same kernels on the same tensors as the Python path, so the same bits
+(csrc/cpu/engineered_steps.cpp). With
 `gemm="own"` (the default) each Linear's three products (x W^T, dy^T h, dy W) run on the
 register tile GLAI's selector runs on (`glai_ext::linear`'s kernel) instead of torch's MKL
 GEMM: the same arithmetic in another summation order, equal to the ordinary step to rounding.

@@ -46,9 +46,11 @@
 // selector's tile (issue 41, stop 47)"): the same arithmetic summed in another order, equal to
 // rounding. Dropout draws the Python paths' random numbers, in their order, on the default
 // generator (docs/notes/pipeline.md, "Family B's engineered steps, both sides native (issue 41,
-// stop 48)"). The callers check the arguments and take these paths only where they apply (one
-// model call per loss for the updates, fused optimizers, float32/float64 on CPU); the kernels
-// called check again what they read.
+// stop 48)"). With several model calls per loss, `sparse_step_update_calls` and
+// `mlp_step_update_calls` (below) sum the calls' gradients in call order and run the Python
+// paths' several-call updates. The callers check the arguments and take these paths only where
+// they apply (fused optimizers, float32/float64 on CPU); the kernels called check again what
+// they read.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
