@@ -639,3 +639,39 @@ def test_native_several_call_ops_name_bad_arguments():
         torch.ops.glai_ext.sparse_step_update_calls(
             [torch.randn(4, 2)], [], [], values, [], torch.zeros(3), torch.zeros(3),
             torch.zeros(()), None, None, None, None, 0.1, 0.9, 0.999, 0.0, 1e-8, False)
+
+
+@pytest.mark.parametrize("gemm", ["torch", "own"])
+def test_calls_that_drop_differently_take_the_python_update(gemm):
+    """A loss whose second call runs in eval mode (its dropout off): both forwards native,
+    the update from Python on the tensors the forwards kept (noise, ReLU outputs): the
+    Python path's values (its bits on torch's GEMMs)."""
+    def run(native: bool):
+        model = _dropout_model("input and hidden", torch.float64)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, fused=True)
+        stepper = HandFusedMLPStep(model, optimizer, native=native, gemm=gemm)
+        single, several, forwards = (_count(stepper, name) for name in (
+            "_native_update", "_native_update_calls", "_native_call"))
+        gen = torch.Generator().manual_seed(4)
+        torch.manual_seed(11)
+
+        def loss_of(m, x):
+            first = m(x)
+            model.eval()
+            second = m(x)
+            model.train()
+            return (first - second).square().mean() + first.square().mean()
+        losses = []
+        for _ in range(STEPS):
+            x = torch.randn(BATCH, 13, generator=gen, dtype=torch.float64)
+            losses.append(stepper.step(lambda m, x=x: loss_of(m, x)))
+        params = [p.detach().clone() for p in model.parameters()]
+        return losses, params, (forwards[0], single[0], several[0])
+    losses, params, counts = run(True)
+    assert counts == (2 * STEPS, 0, 0)  # the forwards native, the update from Python
+    python_losses, python_params, *_ = run(False)
+    if gemm == "torch":
+        assert _equal(losses, python_losses)
+        assert _equal(params, python_params)
+    torch.testing.assert_close(losses, python_losses, **TOL[torch.float64])
+    torch.testing.assert_close(params, python_params, **TOL[torch.float64])

@@ -138,18 +138,19 @@ class HandFusedMLPStep:
         """What `_forward` saves, from the native forward's outputs: x the first Linear's
         input, hidden the later Linears' inputs, relus the ReLUs' outputs, noise the hidden
         dropouts' noise (None where none acts)."""
-        saved, inputs, j = [], iter([x, *hidden]), 0
+        saved, inputs, j, kept = [], iter([x, *hidden]), 0, None
         relus = relus or hidden  # [] where no hidden dropout acts: the ReLUs' outputs
         for m in self.modules:
             if isinstance(m, nn.Linear):
                 saved.append(next(inputs))
+                kept = None
             elif isinstance(m, nn.ReLU):
                 saved.append(relus[j])
+                kept = noise[j] if noise else None  # what the call drew after this ReLU
                 j += 1
-            elif j > 0 and m.training and m.p > 0:  # after ReLU j - 1: its noise
-                saved.append(noise[j - 1])
-            else:  # inactive, or before the first Linear: no gradient flows through it
-                saved.append(None)
+            else:  # a Dropout: the noise the call drew here (by the call's outputs, not the
+                saved.append(kept)  # module's mode now: the loss may have changed it), once
+                kept = None
         return saved
 
     def _native_call(self, x: torch.Tensor, layers: tuple) -> tuple:
