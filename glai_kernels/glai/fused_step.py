@@ -37,14 +37,18 @@ it the bit-for-bit equality with the ordinary loop.
 After `step` the parameters' `.grad` are None, as after `zero_grad(set_to_none=True)`.
 
 The engineered protocol's step (`native=True`, the default; issue 41): where the step allows
-it (the head's one-layer selector without dropout in training, on the extension's GEMM; the
+it (the head's one-layer selector on the extension's GEMM, its dropout in training drawn inside
+the call as the Python path draws it; the
 `cpp` backend; float32/float64 on CPU), the model call is one extension call,
 `glai_ext::sparse_step_forward` (the selector's gates, x with its column of ones, the sparse
 forward and the bias), and with the update in the kernel and the bias in the values' fused
 group, the update is one more, `glai_ext::sparse_step_update` (both step counts, dvalues with
 the values' Adam, the bias's): the same kernels on the same tensors as the Python path, so the
-same bits, without the Python and dispatches around them (csrc/cpu/engineered_steps.cpp). The
-MLP's engineered step gets the same two calls (glai/mlp_step.py, `HandFusedMLPStep`).
+same bits, without the Python and dispatches around them (csrc/cpu/engineered_steps.cpp). With
+several model calls per loss the update is one call too, `glai_ext::sparse_step_update_calls`
+(each call's dvalues and dbias summed in call order, then torch's `_fused_adam_`: the Python
+path's several-call update, its bits). The MLP's engineered step gets the same calls
+(glai/mlp_step.py, `HandFusedMLPStep`).
 
 The step follows its head: each step checks (by identity and size) the tensors it reads, so
 after `head.load_state_dict(...)`, of the same K or another, it trains what was loaded. A
@@ -161,9 +165,12 @@ class FusedSparseStep:
             weight_t, sel_bias = plan.selector._derived(
                 "columns", (plan.sel_buffers["weight0"], plan.sel_buffers["bias0"],
                             plan.sel_buffers["units"]), _selector_columns)
+            selector = plan.selector
+            rate = selector.dropout[0] if selector.training else 0.0
             y, x_aug, act = torch.ops.glai_ext.sparse_step_forward(
                 x, weight_t, sel_bias, plan.paths, values.detach(), plan.index_list,
-                None if plan.bias is None else plan.bias.detach())
+                None if plan.bias is None else plan.bias.detach(), rate,
+                plan.sel_buffers["units"][0] if rate > 0 else None, selector.widths[1])
             y.requires_grad_(True)
             calls.append((x_aug, act, self._resolved[1], y))
             return y
@@ -186,15 +193,15 @@ class FusedSparseStep:
         return y
 
     def _native_forward(self, x: torch.Tensor, plan: _Plan) -> bool:
-        """Whether this model call can be `glai_ext::sparse_step_forward`: the selector's
-        extension path of one frozen layer (PathSelector.forward's own condition), a
-        non-empty call, and the `cpp` backend resolved for it (`_backend`'s resolution, kept
-        per batch size: the call's shape is fixed by the plan but for the batch)."""
+        """Whether this model call can be `glai_ext::sparse_step_forward`: one frozen layer
+        on the selector's extension GEMM (PathSelector.forward's condition; its dropout in
+        training runs inside the op, drawing F.dropout's random numbers over the hidden
+        units' gates, as the Python path does), a non-empty call, and the `cpp` backend
+        resolved for it (`_backend`'s resolution, kept per batch size: the call's shape is
+        fixed by the plan but for the batch)."""
         selector = plan.selector
         if not (plan.native and x.dim() == 2 and x.shape[0] > 0
-                and x.shape[1] == selector.widths[0]
-                and not (selector.training and selector.dropout[0] > 0)
-                and selector._use_extension(x)):
+                and x.shape[1] == selector.widths[0] and selector._use_extension(x)):
             return False
         key = (x.shape[0], self.head.backend, os.environ.get(registry.ENV_VAR),
                torch.is_grad_enabled())
@@ -299,6 +306,8 @@ class FusedSparseStep:
                 else:
                     self._update([(bias, _bias_grad(dy))])
             return loss.detach()
+        if self.native and len(calls) > 1 and self._native_update_calls(calls, grads, plan):
+            return loss.detach()
         needs = (False, False, True)
         dvalues = dbias = None
         for (x_aug, act, impl, _), dy in zip(calls, grads, strict=True):
@@ -350,6 +359,39 @@ class FusedSparseStep:
             grads[0], x_aug, act, plan.values.detach(), plan.index_list, state["exp_avg"],
             state["exp_avg_sq"], state["step"], *bias_args, float(group["lr"]), beta1, beta2,
             group["weight_decay"], group["eps"], bool(group.get("decoupled_weight_decay")))
+        return True
+
+    def _native_update_calls(self, calls: list, grads: tuple, plan: _Plan) -> bool:
+        """Several model calls' update as one call, `glai_ext::sparse_step_update_calls`
+        (each call's dvalues and dbias summed in call order, then torch's `_fused_adam_`: the
+        Python path below, its bits), when every call ran the `cpp` backend on a non-empty
+        batch and reached the loss, and the values (and a trained bias) are in one fused
+        group with a float lr; False (nothing done) otherwise."""
+        values, bias = plan.values, plan.bias
+        if not (plan.nnz > 0 and values.device.type == "cpu"
+                and values.dtype in (torch.float32, torch.float64)
+                and all(dy is not None for dy in grads)
+                and all(impl.name == "cpp" and x_aug.shape[0] > 0
+                        for x_aug, _, impl, _ in calls)):
+            return False
+        group = self._fused_group(values)
+        if group is None or isinstance(group["lr"], torch.Tensor):
+            return False
+        if bias is not None and bias.requires_grad:
+            if not any(p is bias for p in group["params"]):
+                return False
+            bias_state = self._state(bias)
+            bias_args = (bias.detach(), bias_state["exp_avg"], bias_state["exp_avg_sq"],
+                         bias_state["step"])
+        else:
+            bias_args = (None, None, None, None)
+        state = self._state(values)
+        beta1, beta2 = group["betas"]
+        torch.ops.glai_ext.sparse_step_update_calls(
+            list(grads), [c[0] for c in calls], [c[1] for c in calls], values.detach(),
+            plan.index_list, state["exp_avg"], state["exp_avg_sq"], state["step"], *bias_args,
+            float(group["lr"]), beta1, beta2, group["weight_decay"], group["eps"],
+            bool(group.get("decoupled_weight_decay")))
         return True
 
     def _fused_group(self, param: torch.Tensor) -> dict | None:

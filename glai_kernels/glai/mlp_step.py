@@ -19,13 +19,16 @@ and dropout's backward as autograd computes them, and the update is torch's own
 step's to rounding (the weight gradient's product is taken in another order).
 
 The engineered protocol's step (`native=True`, the default; issue 41), as GLAI's fused step
-gets it: for a chain Linear (ReLU Linear)* with biases (dropout modules allowed where they do
-nothing: rate 0 or eval mode), float32/float64 on CPU, one fused SGD group with momentum 0,
-each model call is one extension call, `glai_ext::mlp_step_forward` (the addmm and relu
-calls), and with one call per loss the backward and update are one more,
-`glai_ext::mlp_step_update` (the gradients' mm and sum into buffers kept by the step, the
-ReLUs' threshold_backward, torch's `_fused_sgd_`): with `gemm="torch"` the same kernels on
-the same tensors as the Python path, so the same bits (csrc/cpu/engineered_steps.cpp). With
+gets it: for a chain Linear (ReLU Linear)* with biases (a Dropout before the first Linear
+and after any ReLU: in training it draws, inside the call, the random numbers the Python path
+draws, in its order, family B's two views included), float32/float64 on CPU, one fused SGD
+group with momentum 0, each model call is one extension call, `glai_ext::mlp_step_forward`
+(the addmm, relu and dropout calls), and with one call per loss the backward and update are
+one more, `glai_ext::mlp_step_update` (the gradients' mm and sum into buffers kept by the
+step, dropout's and the ReLUs' backward, torch's `_fused_sgd_`; with several calls per loss
+`glai_ext::mlp_step_update_calls`, each call's gradients summed in call order): with
+`gemm="torch"` the same kernels on the same tensors as the Python path, so the same bits
+(csrc/cpu/engineered_steps.cpp). With
 `gemm="own"` (the default) each Linear's three products (x W^T, dy^T h, dy W) run on the
 register tile GLAI's selector runs on (`glai_ext::linear`'s kernel) instead of torch's MKL
 GEMM: the same arithmetic in another summation order, equal to the ordinary step to rounding.
@@ -90,9 +93,11 @@ class HandFusedMLPStep:
         self.gemm = gemm
         self._grads: list[torch.Tensor] = []  # the native update's gradient buffers
 
-    def _native_layers(self, x: torch.Tensor) -> tuple[list, list, bool] | None:
-        """(weights, biases, own GEMM) of the chain when this call can run natively (module
-        docstring), else None."""
+    def _native_layers(self, x: torch.Tensor) -> tuple[list, list, bool, list] | None:
+        """(weights, biases, own GEMM, dropout rates) of the chain when this call can run
+        natively (module docstring), else None. The rates are one per Linear, for its input
+        (a Dropout before the first Linear, or after the ReLU before a later one), 0.0 where
+        none acts, or [] where none does at all."""
         groups = self.optimizer.param_groups
         if not (self.native and self.sgd and len(groups) == 1
                 and not isinstance(groups[0]["lr"], torch.Tensor)
@@ -100,10 +105,15 @@ class HandFusedMLPStep:
                 and x.dtype in (torch.float32, torch.float64) and fused.unavailable() is None):
             return None
         weights, biases, want_linear = [], [], True
+        rates, rate = [], 0.0
         for m in self.modules:
             if isinstance(m, nn.Dropout):
                 if m.training and m.p > 0:
-                    return None
+                    # one acting Dropout per Linear input, and not between a Linear and its
+                    # ReLU (the op drops the ReLU's output): else the Python path
+                    if rate > 0 or not want_linear:
+                        return None
+                    rate = float(m.p)
                 continue
             if want_linear != isinstance(m, nn.Linear):
                 return None
@@ -114,27 +124,53 @@ class HandFusedMLPStep:
                     return None
                 weights.append(weight.detach())
                 biases.append(bias.detach())
+                rates.append(rate)
+                rate = 0.0
             want_linear = not want_linear
-        if want_linear:  # the chain must end on a Linear
+        if want_linear or rate > 0:  # the chain must end on a Linear
             return None
         # the tile reads the weights' rows in place: a layout of the user's own (a transposed
         # view) keeps it, on torch's GEMMs, rather than a copy made here every step
         own = self.gemm != "torch" and all(w.is_contiguous() for w in weights)
-        return weights, biases, own
+        return weights, biases, own, rates if any(rates) else []
 
-    def _native_saved(self, x: torch.Tensor, hidden: list) -> list:
-        """What `_forward` saves, from the native forward's hidden outputs."""
-        saved, h, j = [], x, 0
+    def _native_saved(self, x: torch.Tensor, hidden: list, relus: list, noise: list) -> list:
+        """What `_forward` saves, from the native forward's outputs: x the first Linear's
+        input, hidden the later Linears' inputs, relus the ReLUs' outputs, noise the hidden
+        dropouts' noise (None where none acts)."""
+        saved, inputs, j, kept = [], iter([x, *hidden]), 0, None
+        relus = relus or hidden  # [] where no hidden dropout acts: the ReLUs' outputs
         for m in self.modules:
             if isinstance(m, nn.Linear):
-                saved.append(h)
+                saved.append(next(inputs))
+                kept = None
             elif isinstance(m, nn.ReLU):
-                h = hidden[j]
+                saved.append(relus[j])
+                kept = noise[j] if noise else None  # what the call drew after this ReLU
                 j += 1
-                saved.append(h)
-            else:
-                saved.append(None)
+            else:  # a Dropout: the noise the call drew here (by the call's outputs, not the
+                saved.append(kept)  # module's mode now: the loss may have changed it), once
+                kept = None
         return saved
+
+    def _native_call(self, x: torch.Tensor, layers: tuple) -> tuple:
+        """`glai_ext::mlp_step_forward` on x: (y, (x', hidden, relus, noise)), x' the first
+        Linear's input (x dropped, where a Dropout precedes it), hidden the later Linears'
+        inputs, relus the ReLUs' outputs ([] where no hidden dropout acts: hidden are
+        they) and noise each hidden dropout's (None where none; [] where none acts)."""
+        weights, biases, own, rates = layers
+        y, *out = torch.ops.glai_ext.mlp_step_forward(x, weights, biases, own, rates)
+        depth = len(weights) - 1
+        hidden, extra = out[:depth], iter(out[depth:])
+        if rates and rates[0] > 0:
+            x = next(extra)
+        relus, noise = [], []
+        if any(rates[1:]):
+            for h, rate in zip(hidden, rates[1:], strict=True):
+                relu, kept = (next(extra), next(extra)) if rate > 0 else (h, None)
+                relus.append(relu)
+                noise.append(kept)
+        return y, (x, hidden, relus, noise)
 
     def _forward(self, x: torch.Tensor, saved: list) -> torch.Tensor:
         h = x
@@ -185,8 +221,8 @@ class HandFusedMLPStep:
             layers = self._native_layers(x)
             if layers is not None:
                 x = x.contiguous() if layers[2] else x  # the own GEMM reads x's rows
-                y, *hidden = torch.ops.glai_ext.mlp_step_forward(x, *layers)
-                native.append((x, hidden, *layers))
+                y, kept = self._native_call(x, layers)
+                native.append((*kept, *layers[:3]))
                 y.requires_grad_()
                 calls.append((y, None))  # saved: from `native` when the Python path needs it
                 return y
@@ -202,30 +238,56 @@ class HandFusedMLPStep:
         if len(calls) == 1 and len(native) == 1:
             self._native_update(dys[0], *native[0])
             return loss.detach()
+        if len(native) == len(calls) and self._native_update_calls(dys, native):
+            return loss.detach()
         grads: dict = {}
         hiddens = iter(native)
         for (_, saved), dy in zip(calls, dys, strict=True):
             if saved is None:
-                x, hidden, *_ = next(hiddens)
-                saved = self._native_saved(x, hidden)
+                saved = self._native_saved(*next(hiddens)[:4])
             self._backward(dy, saved, grads)
         self._update(grads)
         return loss.detach()
 
-    def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, weights: list,
-                       biases: list, own: bool) -> None:
-        """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
-        the gradients into buffers kept from step to step (the parameters' shapes)."""
+    def _native_update_calls(self, dys: tuple, native: list) -> bool:
+        """Several native calls' backward and update as one call,
+        `glai_ext::mlp_step_update_calls` (each call's gradients summed in call order, then
+        `_fused_sgd_`: the Python path's sums), when the calls agree on the GEMM and on which
+        layers drop; False (nothing done) otherwise."""
+        own = native[0][-1]
+        if any(call[-1] != own or bool(call[2]) != bool(native[0][2])
+               or [n is None for n in call[3]] != [n is None for n in native[0][3]]
+               for call in native):
+            return False
+        grads = self._gradient_buffers(native[0][4], native[0][5])
+        group = self.optimizer.param_groups[0]
+        torch.ops.glai_ext.mlp_step_update_calls(
+            list(dys), [call[0] for call in native],
+            [h for call in native for h in call[1]], native[0][4], native[0][5], grads,
+            group["lr"], group["weight_decay"], group["dampening"], own,
+            [r for call in native for r in call[2]], [n for call in native for n in call[3]])
+        return True
+
+    def _gradient_buffers(self, weights: list, biases: list) -> list:
+        """The native updates' gradient buffers, kept from step to step (the parameters'
+        shapes)."""
         grads = self._grads
         params = [p for pair in zip(weights, biases, strict=True) for p in pair]
         if len(grads) != len(params) or any(
                 g.shape != p.shape or g.dtype != p.dtype for g, p in zip(grads, params,
                                                                          strict=True)):
             grads = self._grads = [torch.empty_like(p) for p in params]
+        return grads
+
+    def _native_update(self, dy: torch.Tensor, x: torch.Tensor, hidden: list, relus: list,
+                       noise: list, weights: list, biases: list, own: bool) -> None:
+        """The backward and the fused SGD update as one call, `glai_ext::mlp_step_update`,
+        the gradients into buffers kept from step to step (the parameters' shapes)."""
+        grads = self._gradient_buffers(weights, biases)
         group = self.optimizer.param_groups[0]
         torch.ops.glai_ext.mlp_step_update(dy, x, hidden, weights, biases, grads,
                                            group["lr"], group["weight_decay"],
-                                           group["dampening"], own)
+                                           group["dampening"], own, relus, noise)
 
     def _update(self, grads: dict) -> None:
         if not self.sgd:

@@ -6,9 +6,12 @@
 //
 //   GLAI (glai_kernels/glai/fused_step.py, FusedSparseStep's `native` path):
 //     glai_ext::sparse_step_forward(x [B, n0], weight_t [n0, P'], sel_bias [P']?, paths,
-//         values [K], index, bias [O]?) -> (y [B, O], x_aug [B, n0 + 1], act [B, P])
+//         values [K], index, bias [O]?, dropout, units [P]?, hidden)
+//         -> (y [B, O], x_aug [B, n0 + 1], act [B, P])
 //       act = the selector's 0/1 gates (glai_ext::linear with `gates`, its columns zero padded
-//       to whole tiles, the first `paths` kept), x_aug = x with a column of ones,
+//       to whole tiles, the first `paths` kept; with dropout > 0, the selector's dropout in
+//       training: each times its unit's noise, drawn over all `hidden` units as F.dropout
+//       draws it), x_aug = x with a column of ones,
 //       y = glai_ext::sparse_forward(x_aug, act, values, index) + bias
 //     glai_ext::sparse_step_update(dy [B, O], x_aug, act, values!, index, exp_avg!, exp_avg_sq!,
 //         step!, bias!?, bias_exp_avg!?, bias_exp_avg_sq!?, bias_step!?, lr, beta1, beta2,
@@ -18,13 +21,17 @@
 //   MLP (glai_kernels/glai/mlp_step.py, HandFusedMLPStep's `native` path), a chain
 //   Linear (ReLU Linear)* with biases:
 //     glai_ext::mlp_step_forward(x [B, n0], weights [n_{l+1}, n_l], biases [n_{l+1}],
-//         own_gemm)
-//         -> [y [B, n_L], h_1 [B, n_1], ..., h_{L-1}]   h_l = relu(h_{l-1} W_l^T + b_l)
+//         own_gemm, dropout [L]?)
+//         -> [y [B, n_L], h_1 [B, n_1], ..., h_{L-1}, extra...]
+//       h_l = relu(h_{l-1} W_l^T + b_l) (times its dropout noise where dropout[l] > 0), h_0 = x
+//       (F.dropout(x) where dropout[0] > 0); extra, in the model's order: the dropped x, and
+//       for each dropped hidden layer its ReLU output r_l and noise n_l (`input_dropout`,
+//       `hidden_dropout` below)
 //     glai_ext::mlp_step_update(dy [B, n_L], x, hidden, weights!, biases!, grads!, lr,
-//         weight_decay, dampening, own_gemm) -> ()
+//         weight_decay, dampening, own_gemm, relus?, noise?) -> ()
 //       dW_l = dy_l^T h_l and db_l = sum_b dy_l into the preallocated `grads` (W_0, b_0, W_1,
-//       ...), dy_{l-1} = threshold_backward(dy_l W_l, h_l, 0), then torch's own _fused_sgd_
-//       (momentum 0) over the parameters
+//       ...), dy_{l-1} = threshold_backward(dy_l W_l (* n_l), r_l, 0) (r_l = h_l without
+//       dropout), then torch's own _fused_sgd_ (momentum 0) over the parameters
 //
 // Every call is the op the Python step calls, in the same order on the same tensors (at::addmm,
 // at::relu, at::mm_out, at::sum_out, at::threshold_backward, at::_fused_sgd_ are the kernels
@@ -37,9 +44,13 @@
 // it [N, I]: the forward as y^T = W h^T (the batch along the tile's columns), dW = dy^T h and
 // dh = dy W in the tile's wide form (docs/notes/pipeline.md, "The engineered MLP step on the
 // selector's tile (issue 41, stop 47)"): the same arithmetic summed in another order, equal to
-// rounding. The callers check the arguments and take these paths only where they apply (no
-// dropout in training, one model call per loss, fused optimizers, float32/float64 on CPU); the
-// kernels called check again what they read.
+// rounding. Dropout draws the Python paths' random numbers, in their order, on the default
+// generator (docs/notes/pipeline.md, "Family B's engineered steps, both sides native (issue 41,
+// stop 48)"). With several model calls per loss, `sparse_step_update_calls` and
+// `mlp_step_update_calls` (below) sum the calls' gradients in call order and run the Python
+// paths' several-call updates. The callers check the arguments and take these paths only where
+// they apply (fused optimizers, float32/float64 on CPU); the kernels called check again what
+// they read.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -155,6 +166,26 @@ void augment_rows(const at::Tensor& x, at::Tensor& x_aug, const at::Tensor& gate
     std::copy(g + b * width, g + b * width + paths, a + b * paths);
 }
 
+// The selector's dropout in training (PathSelector.forward's: F.dropout over every hidden
+// unit's gates [B, n1], then the path columns selected): the noise [B, n1] drawn as at::dropout
+// draws it on the CPU (bernoulli_(1 - p) on the default generator, then / (1 - p); at p = 1 no
+// draw, the gates times 0), and act[b, s] *= noise[b, units[s]]: the Python path's products,
+// each a 0/1 gate times its unit's noise, so the same bits and the same random numbers.
+template <class T>
+void drop_gates(at::Tensor& act, const at::Tensor& units, int64_t hidden, double p) {
+  const int64_t batch = act.size(0), paths = act.size(1);
+  T* a = act.mutable_data_ptr<T>();
+  if (p == 1.0) {
+    for (int64_t e = 0; e < batch * paths; ++e) a[e] *= T(0);
+    return;
+  }
+  at::Tensor noise = at::empty({batch, hidden}, act.options()).bernoulli_(1 - p).div_(1 - p);
+  const T* n = noise.const_data_ptr<T>();
+  const int64_t* u = units.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < paths; ++s) a[b * paths + s] *= n[b * hidden + u[s]];
+}
+
 template <class T>
 void add_bias(at::Tensor& y, const at::Tensor& bias) {
   const int64_t batch = y.size(0), outputs = y.size(1);
@@ -167,9 +198,12 @@ void add_bias(at::Tensor& y, const at::Tensor& bias) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
     const at::Tensor& x, const at::Tensor& weight_t, const std::optional<at::Tensor>& sel_bias,
     int64_t paths, const at::Tensor& values, at::TensorList index,
-    const std::optional<at::Tensor>& bias) {
+    const std::optional<at::Tensor>& bias, double dropout,
+    const std::optional<at::Tensor>& units, int64_t hidden) {
   TORCH_CHECK(x.dim() == 2, "glai_ext::sparse_step_forward: x must be [B, n0], got ",
               x.sizes());
+  TORCH_CHECK(dropout >= 0 && dropout <= 1, "glai_ext::sparse_step_forward: dropout must be "
+              "in [0, 1], got ", dropout);
   const at::Tensor gates = call_linear(x, weight_t, sel_bias, true);  // checks x's dtype
   TORCH_CHECK(paths >= 0 && paths <= gates.size(1), "glai_ext::sparse_step_forward: paths "
               "must be in [0, ", gates.size(1), "], got ", paths);
@@ -181,6 +215,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
     augment_rows<double>(rows, x_aug, gates, act);
   else
     augment_rows<float>(rows, x_aug, gates, act);
+  if (dropout > 0) {
+    TORCH_CHECK(units.has_value() && units->dim() == 1 && units->size(0) == paths &&
+                    units->scalar_type() == at::kLong && units->is_contiguous() &&
+                    units->is_cpu() && hidden > 0,
+                "glai_ext::sparse_step_forward: dropout needs units, the paths' hidden units "
+                "(a contiguous [", paths, "] int64 CPU tensor), and hidden > 0, their count");
+    const int64_t* u = units->const_data_ptr<int64_t>();
+    for (int64_t s = 0; s < paths; ++s)  // a plain loop: min()/max() are op dispatches
+      TORCH_CHECK(u[s] >= 0 && u[s] < hidden, "glai_ext::sparse_step_forward: units must be "
+                  "in [0, hidden = ", hidden, "), got ", u[s], " at ", s);
+    if (dbl)
+      drop_gates<double>(act, *units, hidden, dropout);
+    else
+      drop_gates<float>(act, *units, hidden, dropout);
+  }
   at::Tensor y = std::get<0>(call_sparse_forward(x_aug, act, values, index));
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) &&
@@ -214,6 +263,68 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   if (!with_bias) return;
   at::Tensor b = *bias, m = *bias_exp_avg, v = *bias_exp_avg_sq, s = *bias_step;
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_sparse_backward(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+    at::TensorList index) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("glai_ext::sparse_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              at::TensorList, const at::Tensor&, c10::List<bool>)>();
+  static const at::Tensor nothing_saved = at::empty({0});  // extension.py's _NOTHING_SAVED
+  return op.call(dy, x, act, values, index, nothing_saved, c10::List<bool>({false, false, true}));
+}
+
+// Several model calls per loss (FusedSparseStep's Python path for them): each call's dvalues by
+// glai_ext::sparse_backward and its dbias = dy summed over the batch (torch's sum), summed over
+// the calls in their order, then each step count += 1 and torch's own _fused_adam_ (AdamW's
+// when `decoupled`) over [values, bias]: the Python path's ops on its tensors, so its bits.
+void sparse_step_update_calls(
+    at::TensorList dys, at::TensorList x_augs, at::TensorList acts, at::Tensor& values,
+    at::TensorList index, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, at::Tensor& step,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& bias_exp_avg,
+    const std::optional<at::Tensor>& bias_exp_avg_sq, const std::optional<at::Tensor>& bias_step,
+    double lr, double beta1, double beta2, double weight_decay, double eps, bool decoupled) {
+  constexpr const char* who = "glai_ext::sparse_step_update_calls";
+  const bool with_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!with_bias || (bias_exp_avg.has_value() && bias_exp_avg_sq.has_value() &&
+                             bias_step.has_value()),
+              who, ": a bias needs its exp_avg, exp_avg_sq and step");
+  TORCH_CHECK(!dys.empty() && x_augs.size() == dys.size() && acts.size() == dys.size(), who,
+              ": one dy, x_aug and act per call, got ", dys.size(), ", ", x_augs.size(), ", ",
+              acts.size());
+  at::Tensor dvalues, dbias;
+  for (size_t c = 0; c < dys.size(); ++c) {
+    const at::Tensor dy = dys[c].contiguous();
+    at::Tensor dv = std::get<2>(call_sparse_backward(dy, x_augs[c], acts[c], values, index));
+    TORCH_CHECK(dv.sizes() == values.sizes() && dv.scalar_type() == values.scalar_type(), who,
+                ": sparse_backward's dvalues must be values' shape and dtype");
+    dvalues = c == 0 ? dv : at::add(dvalues, dv);
+    if (!with_bias) continue;
+    at::Tensor db = at::sum(dy, at::IntArrayRef{0}, false, dy.scalar_type());
+    dbias = c == 0 ? db : at::add(dbias, db);
+  }
+  std::vector<at::Tensor> params{values}, grads{dvalues}, avgs{exp_avg}, sqs{exp_avg_sq},
+      steps{step};
+  advance(step);
+  if (with_bias) {
+    at::Tensor s = *bias_step;
+    advance(s);
+    params.push_back(*bias);
+    grads.push_back(dbias);
+    avgs.push_back(*bias_exp_avg);
+    sqs.push_back(*bias_exp_avg_sq);
+    steps.push_back(s);
+  }
+  if (decoupled)
+    at::_fused_adamw_(params, grads, avgs, sqs, {}, steps, lr, beta1, beta2, weight_decay, eps,
+                      false, false);
+  else
+    at::_fused_adam_(params, grads, avgs, sqs, {}, steps, lr, beta1, beta2, weight_decay, eps,
+                     false, false);
 }
 
 template <class T>
@@ -280,22 +391,59 @@ std::pair<at::Tensor, at::Tensor> tile_linear(const at::Tensor& ht, int64_t batc
   return {y, yt};
 }
 
+// The MLP's dropout in training, as HandFusedMLPStep's Python path draws it (glai/mlp_step.py,
+// `_forward`), in the model's order, on the default generator: before the first Linear
+// F.dropout's own call (at::dropout: x * noise on the CPU), after a hidden layer's ReLU the
+// noise drawn as `torch.empty_like(h).bernoulli_(1 - p).div_(1 - p)` and h * noise. `dropout`
+// holds one rate per Linear, for its input (empty: none). What the backward needs is appended
+// to `extra` in the model's order: the dropped x (the first Linear's input), and for a hidden
+// layer its ReLU output (threshold_backward's mask) and its noise.
+double rate(at::ArrayRef<double> dropout, size_t l) {
+  return l < dropout.size() ? dropout[l] : 0.0;
+}
+
+at::Tensor input_dropout(const at::Tensor& x, at::ArrayRef<double> dropout,
+                         std::vector<at::Tensor>& extra) {
+  if (rate(dropout, 0) <= 0) return x;
+  at::Tensor dropped = at::dropout(x, dropout[0], true).contiguous();
+  extra.push_back(dropped);
+  return dropped;
+}
+
+at::Tensor hidden_dropout(const at::Tensor& h, double p, std::vector<at::Tensor>& extra) {
+  if (p <= 0) return h;
+  at::Tensor noise = at::empty_like(h).bernoulli_(1 - p).div_(1 - p);
+  extra.push_back(h);
+  extra.push_back(noise);
+  return at::mul(h, noise);
+}
+
 template <class T>
 std::vector<at::Tensor> tile_forward(const at::Tensor& x, at::TensorList weights,
-                                     at::TensorList biases) {
+                                     at::TensorList biases, at::ArrayRef<double> dropout) {
   const int64_t batch = x.size(0);
-  at::Tensor ht = at::empty({x.size(1), batch}, x.options());
-  transpose<T>(x.const_data_ptr<T>(), batch, x.size(1), ht.mutable_data_ptr<T>());
-  std::vector<at::Tensor> out(1);
+  std::vector<at::Tensor> out(1), extra;
+  const at::Tensor h = input_dropout(x, dropout, extra);
+  at::Tensor ht = at::empty({h.size(1), batch}, h.options());
+  transpose<T>(h.const_data_ptr<T>(), batch, h.size(1), ht.mutable_data_ptr<T>());
   const size_t last = weights.size() - 1;
   for (size_t l = 0; l <= last; ++l) {
     auto [y, yt] = tile_linear<T>(ht, batch, weights[l], biases[l], l < last);
-    if (l == last)
+    if (l == last) {
       out[0] = y;
-    else
-      out.push_back(y);
-    ht = yt;
+      break;
+    }
+    const at::Tensor dropped = hidden_dropout(y, rate(dropout, l + 1), extra);
+    out.push_back(dropped);
+    if (dropped.is_same(y)) {
+      ht = yt;
+    } else {  // the next layer reads the dropped rows, transposed
+      ht = at::empty({dropped.size(1), batch}, dropped.options());
+      transpose<T>(dropped.const_data_ptr<T>(), batch, dropped.size(1),
+                   ht.mutable_data_ptr<T>());
+    }
   }
+  out.insert(out.end(), extra.begin(), extra.end());
   return out;
 }
 
@@ -305,7 +453,8 @@ std::vector<at::Tensor> tile_forward(const at::Tensor& x, at::TensorList weights
 // h_l <= 0 (threshold_backward's).
 template <class T>
 void tile_backward(at::Tensor dy, const at::Tensor& x, at::TensorList hidden,
-                   at::TensorList weights, at::TensorList grads) {
+                   at::TensorList weights, at::TensorList grads, at::TensorList relus,
+                   const c10::List<std::optional<at::Tensor>>& noise) {
   const int64_t batch = x.size(0);
   at::Tensor dyt = at::empty({dy.size(1), batch}, dy.options());
   transpose<T>(dy.const_data_ptr<T>(), batch, dy.size(1), dyt.mutable_data_ptr<T>());
@@ -320,7 +469,12 @@ void tile_backward(at::Tensor dy, const at::Tensor& x, at::TensorList hidden,
     at::Tensor dh = at::empty({batch, inputs}, dy.options());
     T* p = dh.mutable_data_ptr<T>();
     tile<T>(dy.const_data_ptr<T>(), weights[l].const_data_ptr<T>(), batch, n, inputs, p);
-    const T* h = input.const_data_ptr<T>();
+    const std::optional<at::Tensor> kept = noise.empty() ? std::nullopt : noise.get(l - 1);
+    if (kept.has_value() && kept->defined()) {  // dropout's backward: dy * noise, autograd's
+      const T* k = kept->const_data_ptr<T>();
+      for (int64_t e = 0; e < batch * inputs; ++e) p[e] = p[e] * k[e];
+    }
+    const T* h = (relus.empty() ? input : relus[l - 1]).const_data_ptr<T>();
     for (int64_t e = 0; e < batch * inputs; ++e)
       if (h[e] <= T(0)) p[e] = T(0);
     dyt = at::empty({inputs, batch}, dy.options());
@@ -366,15 +520,21 @@ void check_rows(const char* who, const char* name, size_t index, const at::Tenso
 }
 
 std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList weights,
-                                         at::TensorList biases, bool own_gemm) {
-  check_chain("glai_ext::mlp_step_forward", weights, biases);
+                                         at::TensorList biases, bool own_gemm,
+                                         at::ArrayRef<double> dropout) {
+  constexpr const char* who = "glai_ext::mlp_step_forward";
+  check_chain(who, weights, biases);
+  TORCH_CHECK(dropout.empty() || dropout.size() == weights.size(), who, ": dropout must hold "
+              "one rate per Linear (", weights.size(), ") or none, got ", dropout.size());
+  for (double p : dropout)
+    TORCH_CHECK(p >= 0 && p <= 1, who, ": dropout rates must be in [0, 1], got ", p);
   if (own_gemm) {
-    check_own("glai_ext::mlp_step_forward", x, weights, biases);
-    return x.scalar_type() == at::kDouble ? tile_forward<double>(x, weights, biases)
-                                          : tile_forward<float>(x, weights, biases);
+    check_own(who, x, weights, biases);
+    return x.scalar_type() == at::kDouble ? tile_forward<double>(x, weights, biases, dropout)
+                                          : tile_forward<float>(x, weights, biases, dropout);
   }
-  std::vector<at::Tensor> out(1);
-  at::Tensor h = x;
+  std::vector<at::Tensor> out(1), extra;
+  at::Tensor h = input_dropout(x, dropout, extra);
   const size_t last = weights.size() - 1;
   for (size_t l = 0; l <= last; ++l) {
     at::Tensor pre = at::addmm(biases[l], h, weights[l].t());  // F.linear's call on 2-D input
@@ -382,21 +542,26 @@ std::vector<at::Tensor> mlp_step_forward(const at::Tensor& x, at::TensorList wei
       out[0] = pre;
       break;
     }
-    h = at::relu(pre);
+    h = hidden_dropout(at::relu(pre), rate(dropout, l + 1), extra);
     out.push_back(h);
   }
+  out.insert(out.end(), extra.begin(), extra.end());
   return out;
 }
 
-void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorList hidden,
-                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
-                     double lr, double weight_decay, double dampening, bool own_gemm) {
-  constexpr const char* who = "glai_ext::mlp_step_update";
-  check_chain(who, weights, biases);
+// One model call's backward: the gradients into `grads` (mlp_step_update's, without the update)
+void mlp_backward(const char* who, const at::Tensor& dy_in, const at::Tensor& x,
+                  at::TensorList hidden, at::TensorList weights, at::TensorList biases,
+                  at::TensorList grads, bool own_gemm, at::TensorList relus,
+                  const c10::List<std::optional<at::Tensor>>& noise) {
   const size_t layers = weights.size();
   TORCH_CHECK(hidden.size() + 1 == layers && grads.size() == 2 * layers, who,
               ": hidden must hold ", layers - 1, " tensors and grads ", 2 * layers, ", got ",
               hidden.size(), " and ", grads.size());
+  TORCH_CHECK((relus.empty() || relus.size() == hidden.size()) &&
+                  (noise.empty() || noise.size() == hidden.size()),
+              who, ": relus and noise must hold ", layers - 1, " tensors each or none, got ",
+              relus.size(), " and ", noise.size());
   if (own_gemm) {
     check_own(who, x, weights, biases);
     const at::Tensor dy = dy_in.contiguous();
@@ -406,10 +571,17 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
                             weights[l].size(1));
       check_rows(who, "grads", 2 * l, grads[2 * l], x, weights[l].size(0), weights[l].size(1));
     }
+    for (size_t l = 0; l < hidden.size(); ++l) {
+      const int64_t width = weights[l + 1].size(1);
+      if (!relus.empty()) check_rows(who, "relus", l, relus[l], x, x.size(0), width);
+      const std::optional<at::Tensor> kept = noise.empty() ? std::nullopt : noise.get(l);
+      if (kept.has_value() && kept->defined())
+        check_rows(who, "noise", l, *kept, x, x.size(0), width);
+    }
     if (x.scalar_type() == at::kDouble)
-      tile_backward<double>(dy, x, hidden, weights, grads);
+      tile_backward<double>(dy, x, hidden, weights, grads, relus, noise);
     else
-      tile_backward<float>(dy, x, hidden, weights, grads);
+      tile_backward<float>(dy, x, hidden, weights, grads, relus, noise);
   } else {
     at::Tensor dy = dy_in;
     for (size_t l = layers; l-- > 0;) {
@@ -417,9 +589,18 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
       at::Tensor gw = grads[2 * l], gb = grads[2 * l + 1];
       at::mm_out(gw, dy.t(), input);
       at::sum_out(gb, dy, at::IntArrayRef{0});
-      if (l > 0) dy = at::threshold_backward(dy.mm(weights[l]), input, 0);
+      if (l == 0) break;
+      at::Tensor dh = dy.mm(weights[l]);
+      const std::optional<at::Tensor> kept = noise.empty() ? std::nullopt : noise.get(l - 1);
+      if (kept.has_value() && kept->defined()) dh = at::mul(dh, *kept);  // dropout's backward
+      dy = at::threshold_backward(dh, relus.empty() ? input : relus[l - 1], 0);
     }
   }
+}
+
+void fused_sgd(at::TensorList weights, at::TensorList biases, at::TensorList grads, double lr,
+               double weight_decay, double dampening) {
+  const size_t layers = weights.size();
   std::vector<at::Tensor> params, gradients;
   for (size_t l = 0; l < layers; ++l) {
     params.push_back(weights[l]);
@@ -430,12 +611,59 @@ void mlp_step_update(const at::Tensor& dy_in, const at::Tensor& x, at::TensorLis
   at::_fused_sgd_(params, gradients, {}, weight_decay, 0.0, lr, dampening, false, false, false);
 }
 
+void mlp_step_update(const at::Tensor& dy, const at::Tensor& x, at::TensorList hidden,
+                     at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                     double lr, double weight_decay, double dampening, bool own_gemm,
+                     at::TensorList relus, const c10::List<std::optional<at::Tensor>>& noise) {
+  constexpr const char* who = "glai_ext::mlp_step_update";
+  check_chain(who, weights, biases);
+  mlp_backward(who, dy, x, hidden, weights, biases, grads, own_gemm, relus, noise);
+  fused_sgd(weights, biases, grads, lr, weight_decay, dampening);
+}
+
+// Several model calls per loss (HandFusedMLPStep's Python path: each call's backward, the
+// gradients summed over the calls in their order, g_0 + g_1 + ..., then one update): call c's
+// hidden, relus and noise are entries [c (L - 1), (c + 1) (L - 1)) of the flat lists; call 0's
+// gradients go into `grads`, each later call's into scratch, added in place (the same sums).
+void mlp_step_update_calls(at::TensorList dys, at::TensorList xs, at::TensorList hidden,
+                           at::TensorList weights, at::TensorList biases, at::TensorList grads,
+                           double lr, double weight_decay, double dampening, bool own_gemm,
+                           at::TensorList relus,
+                           const c10::List<std::optional<at::Tensor>>& noise) {
+  constexpr const char* who = "glai_ext::mlp_step_update_calls";
+  check_chain(who, weights, biases);
+  const size_t calls = dys.size(), depth = weights.size() - 1;
+  TORCH_CHECK(calls >= 1 && xs.size() == calls && hidden.size() == calls * depth &&
+                  (relus.empty() || relus.size() == calls * depth) &&
+                  (noise.empty() || noise.size() == calls * depth),
+              who, ": one dy and x per call, and ", depth, " hidden (relus, noise: or none) "
+              "per call, got ", dys.size(), ", ", xs.size(), ", ", hidden.size(), ", ",
+              relus.size(), ", ", noise.size());
+  std::vector<at::Tensor> scratch;
+  for (size_t c = 0; c < calls; ++c) {
+    c10::List<std::optional<at::Tensor>> kept;
+    for (size_t l = 0; !noise.empty() && l < depth; ++l) kept.push_back(noise.get(c * depth + l));
+    if (c == 1)
+      for (const at::Tensor& g : grads) scratch.push_back(at::empty_like(g));
+    mlp_backward(who, dys[c], xs[c], hidden.slice(c * depth, depth), weights, biases,
+                 c == 0 ? grads : at::TensorList(scratch), own_gemm,
+                 relus.empty() ? relus : relus.slice(c * depth, depth), kept);
+    if (c > 0)
+      for (size_t k = 0; k < grads.size(); ++k) {
+        at::Tensor g = grads[k];
+        g.add_(scratch[k]);
+      }
+  }
+  fused_sgd(weights, biases, grads, lr, weight_decay, dampening);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
   m.def(
       "sparse_step_forward(Tensor x, Tensor weight_t, Tensor? sel_bias, int paths, "
-      "Tensor values, Tensor[] index, Tensor? bias) -> (Tensor, Tensor, Tensor)");
+      "Tensor values, Tensor[] index, Tensor? bias, float dropout=0., Tensor? units=None, "
+      "int hidden=0) -> (Tensor, Tensor, Tensor)");
   m.def(
       "sparse_step_update(Tensor dy, Tensor x_aug, Tensor act, Tensor(a!) values, "
       "Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
@@ -443,19 +671,31 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) {
       "Tensor(h!)? bias_step, float lr, float beta1, float beta2, float weight_decay, "
       "float eps, bool decoupled) -> ()");
   m.def(
-      "mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases, bool own_gemm) "
-      "-> Tensor[]");
+      "sparse_step_update_calls(Tensor[] dys, Tensor[] x_augs, Tensor[] acts, "
+      "Tensor(a!) values, Tensor[] index, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
+      "Tensor(d!) step, Tensor(e!)? bias, Tensor(f!)? bias_exp_avg, "
+      "Tensor(g!)? bias_exp_avg_sq, Tensor(h!)? bias_step, float lr, float beta1, float beta2, "
+      "float weight_decay, float eps, bool decoupled) -> ()");
+  m.def(
+      "mlp_step_forward(Tensor x, Tensor[] weights, Tensor[] biases, bool own_gemm, "
+      "float[] dropout=[]) -> Tensor[]");
   m.def(
       "mlp_step_update(Tensor dy, Tensor x, Tensor[] hidden, Tensor(a!)[] weights, "
       "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
-      "float dampening, bool own_gemm) -> ()");
+      "float dampening, bool own_gemm, Tensor[] relus, Tensor?[] noise) -> ()");
+  m.def(
+      "mlp_step_update_calls(Tensor[] dys, Tensor[] xs, Tensor[] hidden, Tensor(a!)[] weights, "
+      "Tensor(b!)[] biases, Tensor(c!)[] grads, float lr, float weight_decay, "
+      "float dampening, bool own_gemm, Tensor[] relus, Tensor?[] noise) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_step_forward", &sparse_step_forward);
   m.impl("sparse_step_update", &sparse_step_update);
+  m.impl("sparse_step_update_calls", &sparse_step_update_calls);
   m.impl("mlp_step_forward", &mlp_step_forward);
   m.impl("mlp_step_update", &mlp_step_update);
+  m.impl("mlp_step_update_calls", &mlp_step_update_calls);
 }
 
 }  // namespace glai_ext
