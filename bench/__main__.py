@@ -140,9 +140,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds: a case whose roofline floor exceeds this, or a backend "
                         "whose call takes 3x this, is skipped (default: the preset's)")
     p.add_argument("--time-limit", type=positive_float, default=None,
-                   help="seconds: shapes not reached by then are written as skipped, so a "
-                        "run on a short GPU lease still ends with its reports "
-                        "(default: none)")
+                   help="seconds: the run ends by itself within S of its start, closing "
+                        "ceilings and reports included; shapes and backends whose estimates "
+                        "do not fit are written as skipped, each saying why (default: none)")
     p.add_argument("--energy-window", type=non_negative_float, default=MIN_WINDOW_S,
                    help="seconds of back-to-back calls per NVML energy reading; 0 turns "
                         f"energy off (default: {MIN_WINDOW_S:g})")

@@ -30,7 +30,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -124,16 +124,16 @@ def anatomy(head: str, batch: int, pass_: str, backend: str, device: torch.devic
                    kernels_us, launches, top)
 
 
-def table(rows: Sequence[Anatomy]) -> str:
-    """The rows as a markdown table."""
-    lines = ["| head | B | pass | backend | event µs | host µs | kernels µs | kernels/call | "
-             "bound | longest kernels (µs a call) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        kernels = "-" if r.kernels_us is None else f"{r.kernels_us:.1f}"
-        launches = "-" if r.kernels is None else f"{r.kernels:.1f}"
-        lines.append(f"| {r.head} | {r.batch} | {r.pass_} | {r.backend} | {r.event_us:.1f} | "
-                     f"{r.host_us:.1f} | {kernels} | {launches} | {r.bound} | {r.top or '-'} |")
-    return "\n".join(lines)
+HEADER = ("| head | B | pass | backend | event µs | host µs | kernels µs | kernels/call | bound "
+          "| longest kernels (µs a call) |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(r: Anatomy) -> str:
+    """One row of the markdown table under HEADER."""
+    kernels = "-" if r.kernels_us is None else f"{r.kernels_us:.1f}"
+    launches = "-" if r.kernels is None else f"{r.kernels:.1f}"
+    return (f"| {r.head} | {r.batch} | {r.pass_} | {r.backend} | {r.event_us:.1f} | "
+            f"{r.host_us:.1f} | {kernels} | {launches} | {r.bound} | {r.top or '-'} |")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         if reason is not None:
             print(f"glai-bench call-anatomy: --backends {name}: {reason}", file=sys.stderr)
             return 2
-    rows = [anatomy(h, args.batch, p, b, device) for h in args.heads for p in args.passes
-            for b in names]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"call anatomy on {device} ({where}), float32, B = {args.batch}, µs per call")
-    print(table(rows))
+    print(HEADER, flush=True)
+    rows = []
+    for head in args.heads:  # each row printed as it is measured: a cut-off run keeps them
+        for pass_ in args.passes:
+            for name in names:
+                rows.append(anatomy(head, args.batch, pass_, name, device))
+                print(table_row(rows[-1]), flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps([{**asdict(r), "bound": r.bound} for r in rows],

@@ -26,6 +26,10 @@
 #         at ENERGY_HEADS (default A1,A2,C1,B1), B = ENERGY_BATCHES (16), float32; ENERGY_S=0:
 #         none (the default off CUDA). The kernel sweep itself reads no energy. Its report is
 #         bench_cuda/energy/ in the archive.
+#     ANATOMY_S=25 ...   # the default on CUDA (0 elsewhere): right after the build, where a
+#         B = 16 call's time goes at ANATOMY_HEADS (A1,B1) on ANATOMY_BACKENDS (cuda,torch),
+#         forward and both: event time, host issue time, kernel time (`glai-bench call-anatomy`;
+#         its table in bench.log, its JSON as anatomy/ in the archive)
 #     TC_S=75 ...   # the default on CUDA (0 elsewhere): after the energy step, issue 38's
 #         tensor-core cells in a run of their own: float32 with TF32 allowed (`glai-bench run
 #         --matmul-precision high`, for the `cuda` kernels and cuBLAS alike), float16 and
@@ -59,14 +63,14 @@
 #         cp .../dispatch/*.layout_crossover.json glai_kernels/dispatch/
 #
 # The CPU dry run (CI runs it: .ci/run), every step but the tests, energy and the kept sweep
-# end to end in under 4 minutes (each step ends by itself within its share of TOTAL_S;
+# end to end in under 5 minutes (each step ends by itself within its share of TOTAL_S;
 # bench/tests/test_lease_steps.py runs it with tighter shares and checks no step needed its
 # `timeout`):
-#     OUT=/tmp/on_gpu_dry TOTAL_S=230 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
+#     OUT=/tmp/on_gpu_dry TOTAL_S=255 BUILD_S=90 TEST_S=0 BENCH_MIN_S=0 BENCH_DEVICE=cpu \
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
 #       TC_S=30 TC_PRESET=quick TC_HEADS=A1 TC_BATCHES=16 TC_DTYPES=float32,float16 \
 #       TC_BACKENDS=torch \
-#       PIPE_S=60 PIPE_UNIT_S=30 bash bench/tools/on_gpu.sh
+#       PIPE_S=60 PIPE_UNIT_S=30 ANATOMY_S=25 ANATOMY_HEADS=A2 bash bench/tools/on_gpu.sh
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
 # installs nothing (the repository is imported from the checkout).
@@ -86,6 +90,10 @@ ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 
 KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
 TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 75 || echo 0 )}
 BENCH_MIN_S=${BENCH_MIN_S:-120}
+# the call anatomy right after the build (CUDA only by default): a few seconds a row
+ANATOMY_S=${ANATOMY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 25 || echo 0 )}
+ANATOMY_HEADS=${ANATOMY_HEADS:-A1,B1}
+ANATOMY_BACKENDS=${ANATOMY_BACKENDS:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo cuda,torch || echo torch )}
 # a program's own limit is its share less this (its start-up comes before the limit's clock)
 BACKSTOP_S=${BACKSTOP_S:-10}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -123,6 +131,19 @@ echo "build rc=$?" | tee -a "$OUT/steps.txt"
 # a failed build's compiler output is in its cache folder, which does not come back
 cat "$GLAI_KERNELS_CACHE"/*/build.log >>"$OUT/build.log" 2>/dev/null
 timeout 60 "$PY" -m glai_kernels >>"$OUT/build.log" 2>&1
+
+if [ "$ANATOMY_S" -gt 0 ]; then
+  # where a small call's time goes (bench/studies/call_anatomy.py): its event time against the
+  # host's issue time and its kernels' device time, each row printed as it is measured; the
+  # kernel sweep's B = 16 cells read with it (docs/notes/cuda.md, stop 48)
+  step "call anatomy at $ANATOMY_HEADS, B 16" | tee -a "$OUT/steps.txt"
+  rm -rf "$WORK/anatomy"
+  timeout -k 5 "$ANATOMY_S" "$PY" -m bench call-anatomy --device "${BENCH_DEVICE:-cuda}" \
+    --heads ${ANATOMY_HEADS//,/ } --batch 16 --passes forward both \
+    --backends ${ANATOMY_BACKENDS//,/ } --out "$WORK/anatomy/anatomy.json" \
+    >>"$OUT/bench.log" 2>&1
+  echo "anatomy rc=$?" | tee -a "$OUT/steps.txt"
+fi
 
 if [ -n "${TEST_FOCUS:-}" ]; then
   step "focus: $TEST_FOCUS" | tee -a "$OUT/steps.txt"
@@ -299,7 +320,7 @@ if [ "${REPEATS:-0}" -gt 0 ]; then
 fi
 # only the folders the steps left (a skipped step leaves none)
 kept=$(ls -d "$WORK"/bench_cuda "$WORK"/bench_cuda_triton "$WORK"/bench_repeat* \
-  "$WORK"/pipeline 2>/dev/null | xargs -r -n1 basename)
+  "$WORK"/pipeline "$WORK"/anatomy 2>/dev/null | xargs -r -n1 basename)
 if [ -n "$kept" ]; then
   tar -czf "$OUT/bench_cuda.tgz" -C "$WORK" $kept 2>>"$OUT/steps.txt"
 else
