@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -60,6 +61,7 @@ except ImportError:  # another torch's layout: every call takes autograd.Functio
     peek_interpreter_stack = None
 
 Y, X, ACT, W = range(4)  # the slots
+_R = TypeVar("_R", torch.Tensor, list)  # a result one level down: one tensor, or a list
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,7 +398,8 @@ def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple,
         bias = unwrap_if_dead(bias)
     # slot k only gives the result's shape
     if not calls.records_gradient((*tensors[:k], *tensors[k + 1:], bias)):
-        return _below_grad(top, c, k, tensors, bias)
+        return _below_grad(top, (*tensors, bias),
+                           lambda inner: _lowered_call(c, k, inner[:-1], inner[-1]))
     lift = CGradInterpreterPtr(top).lift
     lifted = [None if t is None else lift(t) for t in tensors]
     # torch's enable_single_level_autograd_function, without its generator context manager
@@ -410,17 +413,18 @@ def _through_grad(top, c: Contraction, k: int, slots: Sequence, rest: tuple,
         set_single_level_autograd_function_allowed(allowed)
 
 
-def _below_grad(top, c: Contraction, k: int, tensors: Sequence,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """G_k (plus `bias`) of `tensors` (slots, then rest; no dead wrappers) one level below the
-    grad `top`, whose autograd records nothing of it: unwrapped at its level, the level
-    popped (and no_grad restored where the level was entered from it), the result wrapped."""
+def _below_grad(top, tensors: Sequence, call: Callable[[list], _R]) -> _R:
+    """`call` of `tensors` (None kept; no dead wrappers) one level below the grad `top`, whose
+    autograd records nothing of it: unwrapped at its level, the level popped (and no_grad
+    restored where the level was entered from it), the result (a tensor, or a list of
+    tensors and None) wrapped at the level, as functorch's grad level takes an aten op."""
     level = top.level()
     inner = [None if t is None else _unwrap_for_grad(t, level) for t in tensors]
-    b = None if bias is None else _unwrap_for_grad(bias, level)
     with _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode()):
-        out = _lowered_call(c, k, inner, b)
-    return _wrap_for_grad(out, level)
+        out = call(inner)
+    if isinstance(out, torch.Tensor):
+        return _wrap_for_grad(out, level)
+    return [None if t is None else _wrap_for_grad(t, level) for t in out]
 
 
 # ---- gradients ------------------------------------------------------------------------------
@@ -445,19 +449,14 @@ def _gradients(c: Contraction, k: int, g: torch.Tensor, slots: Sequence, rest: t
     top = _innermost()
     if top is not None:
         if top.key() == TransformType.Grad:
-            level = top.level()
             g, slots = unwrap_if_dead(g), [None if t is None else unwrap_if_dead(t)
                                            for t in slots]
             # slot i feeds every gradient asked for but its own (slot k's place is g's)
             asked = sum(needs)
             feeds = (g, *rest, *(t for i, t in enumerate(slots) if i != k and asked > needs[i]))
             if not calls.records_gradient(feeds):
-                inner = [None if t is None else _unwrap_for_grad(t, level)
-                         for t in (g, *slots, *rest)]
-                with _Lowered(no_grad=not CGradInterpreterPtr(top).prevGradMode()):
-                    out = _gradients(c, k, inner[0], inner[1:5], tuple(inner[5:]), needs,
-                                     need_bias)
-                return [None if t is None else _wrap_for_grad(t, level) for t in out]
+                return _below_grad(top, (g, *slots, *rest), lambda inner: _gradients(
+                    c, k, inner[0], inner[1:5], tuple(inner[5:]), needs, need_bias))
         elif top.key() == TransformType.Vmap:
             folded = _folded_gradients(top, c, k, g, slots, rest, needs, need_bias)
             if folded is not None:
