@@ -16,9 +16,9 @@ namespace glai_cpu {
 using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end);
 using ParallelFn = void (*)(int64_t n, int64_t flops, TaskFn fn, void* ctx);
 
-// A dweight of this many bytes or more outgrows the last-level cache (32 MB here): storing it
-// through the caches would read every line before overwriting it, so every instruction set's
-// dweight (float and bfloat16) stores its full tiles past the caches from here.
+// A bfloat16 dweight of this many bytes or more stores its full tiles past the caches (storing
+// it through them would read every line before overwriting it); the float and double dweight
+// streams from kernels.inc's kDweightStreamBytes (32 MiB, this machine's last-level cache).
 constexpr int64_t kStreamBytes = int64_t{64} << 20;
 
 template <typename T>
