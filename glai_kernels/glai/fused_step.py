@@ -343,15 +343,9 @@ class FusedSparseStep:
         bias (if trained) is in the values' group; False (nothing done) otherwise."""
         if calls[0][2].name != "cpp":  # the op has a CPU kernel alone (a GPU lease's pipeline
             return False  # failed on it, stop 48): the `cuda` backend's update is the Python's
-        bias = plan.bias
-        if bias is not None and bias.requires_grad:
-            if not any(p is bias for p in group["params"]):
-                return False
-            bias_state = self._state(bias)
-            bias_args = (bias.detach(), bias_state["exp_avg"], bias_state["exp_avg_sq"],
-                         bias_state["step"])
-        else:
-            bias_args = (None, None, None, None)
+        bias_args = self._bias_args(group, plan.bias)
+        if bias_args is None:
+            return False
         state = self._state(plan.values)
         beta1, beta2 = group["betas"]
         x_aug, act, _, _ = calls[0]
@@ -377,14 +371,9 @@ class FusedSparseStep:
         group = self._fused_group(values)
         if group is None or isinstance(group["lr"], torch.Tensor):
             return False
-        if bias is not None and bias.requires_grad:
-            if not any(p is bias for p in group["params"]):
-                return False
-            bias_state = self._state(bias)
-            bias_args = (bias.detach(), bias_state["exp_avg"], bias_state["exp_avg_sq"],
-                         bias_state["step"])
-        else:
-            bias_args = (None, None, None, None)
+        bias_args = self._bias_args(group, bias)
+        if bias_args is None:
+            return False
         state = self._state(values)
         beta1, beta2 = group["betas"]
         torch.ops.glai_ext.sparse_step_update_calls(
@@ -393,6 +382,17 @@ class FusedSparseStep:
             float(group["lr"]), beta1, beta2, group["weight_decay"], group["eps"],
             bool(group.get("decoupled_weight_decay")))
         return True
+
+    def _bias_args(self, group: dict, bias: torch.Tensor | None) -> tuple | None:
+        """The native updates' bias operands (bias, its exp_avg, exp_avg_sq, step), four Nones
+        when no bias is trained, None when a trained bias is not in the values' `group` (its
+        update is then the Python path's)."""
+        if bias is None or not bias.requires_grad:
+            return (None, None, None, None)
+        if not any(p is bias for p in group["params"]):
+            return None
+        state = self._state(bias)
+        return bias.detach(), state["exp_avg"], state["exp_avg_sq"], state["step"]
 
     def _fused_group(self, param: torch.Tensor) -> dict | None:
         """`param`'s param group when it is a fused one, else None."""
