@@ -64,6 +64,7 @@
 
 #include "isa.h"      // the ISA ladder (GLAI_X86)
 #include "kernels.h"  // glai_cpu::Problem, glai_cpu::isa(), the dense binding's task runner
+#include "sparse_op_calls.h"
 
 // kernels.inc's `product` (linear's register tile, whole tiles stored in place), compiled and
 // instantiated once per instruction set by cpu_dispatch.cpp; the set in use is the one
@@ -96,16 +97,6 @@ at::Tensor call_linear(const at::Tensor& x, const at::Tensor& weight_t,
   return op.call(x, weight_t, bias, gates);
 }
 
-std::tuple<at::Tensor, at::Tensor> call_sparse_forward(const at::Tensor& x, const at::Tensor& act,
-                                                       const at::Tensor& values,
-                                                       at::TensorList index) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("glai_ext::sparse_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, at::TensorList, bool)>();
-  return op.call(x, act, values, index, false);
-}
 
 void call_dvalues_adam(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
                        at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
@@ -230,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_step_forward(
     else
       drop_gates<float>(act, *units, hidden, dropout);
   }
-  at::Tensor y = std::get<0>(call_sparse_forward(x_aug, act, values, index));
+  at::Tensor y = std::get<0>(sparse_forward_call(x_aug, act, values, index, false));
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) &&
                     bias->scalar_type() == y.scalar_type() && bias->is_contiguous() &&
@@ -265,18 +256,6 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> call_sparse_backward(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
-    at::TensorList index) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("glai_ext::sparse_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              at::TensorList, const at::Tensor&, c10::List<bool>)>();
-  static const at::Tensor nothing_saved = at::empty({0});  // extension.py's _NOTHING_SAVED
-  return op.call(dy, x, act, values, index, nothing_saved, c10::List<bool>({false, false, true}));
-}
 
 // Several model calls per loss (FusedSparseStep's Python path for them): each call's dvalues by
 // glai_ext::sparse_backward and its dbias = dy summed over the batch (torch's sum), summed over
@@ -296,10 +275,13 @@ void sparse_step_update_calls(
   TORCH_CHECK(!dys.empty() && x_augs.size() == dys.size() && acts.size() == dys.size(), who,
               ": one dy, x_aug and act per call, got ", dys.size(), ", ", x_augs.size(), ", ",
               acts.size());
+  static const at::Tensor nothing_saved = at::empty({0});  // extension.py's _NOTHING_SAVED
+  const c10::List<bool> dvalues_only({false, false, true});
   at::Tensor dvalues, dbias;
   for (size_t c = 0; c < dys.size(); ++c) {
     const at::Tensor dy = dys[c].contiguous();
-    at::Tensor dv = std::get<2>(call_sparse_backward(dy, x_augs[c], acts[c], values, index));
+    at::Tensor dv = std::get<2>(sparse_backward_call(dy, x_augs[c], acts[c], values, index,
+                                                     nothing_saved, dvalues_only));
     TORCH_CHECK(dv.sizes() == values.sizes() && dv.scalar_type() == values.scalar_type(), who,
                 ": sparse_backward's dvalues must be values' shape and dtype");
     dvalues = c == 0 ? dv : at::add(dvalues, dv);

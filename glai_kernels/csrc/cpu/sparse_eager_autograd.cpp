@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include "eager_node.h"
+#include "sparse_op_calls.h"
 
 #include <string>
 #include <tuple>
@@ -35,32 +36,6 @@
 namespace glai_ext {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> call_forward(const at::Tensor& x, const at::Tensor& act,
-                                                const at::Tensor& values,
-                                                at::TensorList index, bool save) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("glai_ext::sparse_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const at::Tensor&, at::TensorList, bool)>();
-  return op.call(x, act, values, index, save);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
-    at::TensorList index, const at::Tensor& saved, c10::List<bool> needs) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("glai_ext::sparse_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              at::TensorList, const at::Tensor&, c10::List<bool>)>();
-  return op.call(dy, x, act, values, index, saved, std::move(needs));
-}
-
-// glai::sparse_estimator_backward (registered from Python with its own autograd): for
-// create_graph. `saved` is an empty [0] when the forward kept nothing, as the Python Function
-// passes it.
 std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor& x,
                                          const at::Tensor& act, const at::Tensor& values,
                                          const std::vector<at::Tensor>& index,
@@ -87,7 +62,7 @@ struct SparseEstimatorBackward : public eager::EagerBackward<SparseEstimatorBack
   }
 
   std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const eager::BackwardArgs& a) {
-    return call_backward(a.dy.contiguous(), a.x.contiguous(), a.act.contiguous(),
+    return sparse_backward_call(a.dy.contiguous(), a.x.contiguous(), a.act.contiguous(),
                          a.weight.contiguous(), index, kept(a),
                          c10::List<bool>({a.need_x, a.need_act, a.need_weight}));
   }
@@ -116,7 +91,7 @@ at::Tensor sparse_estimator_eager(const at::Tensor& x, const at::Tensor& act,
     // below autograd: this node is the only one recorded
     at::AutoDispatchBelowADInplaceOrView below;
     std::tie(y, saved) =
-        call_forward(x.contiguous(), act.contiguous(), values.contiguous(), index, save);
+        sparse_forward_call(x.contiguous(), act.contiguous(), values.contiguous(), index, save);
     if (has_bias) y = y.add(*bias);
   }
   // the inputs as the caller gave them (their versions checked at the backward), made
