@@ -339,7 +339,9 @@ def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
               batches: Sequence[int] | None = None,
               sweeps: Sequence[str] | None = None) -> list[Case]:
     """The preset's cases, with dtypes/passes overridden and only the heads/batches/sweeps
-    given kept; unknown names raise ValueError listing the known ones."""
+    given kept, in the order of `heads` where given (a lease names the heads it has not
+    measured yet first; within a head the preset's order); unknown names raise ValueError
+    listing the known ones."""
     known_sweeps = list(dict.fromkeys(s.name for s in preset.sweeps))
     for name in sweeps or ():
         if name not in known_sweeps:
@@ -361,4 +363,6 @@ def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
     if not cases:
         raise ValueError("no case of the preset matches the --heads/--batches/--sweeps/"
                          "--dtypes asked for")
+    if heads:  # a stable sort: within one head the preset's order stays
+        cases.sort(key=lambda c: list(heads).index(c.head))
     return cases

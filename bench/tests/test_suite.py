@@ -96,6 +96,13 @@ def test_overrides_and_bad_names():
     one = runner.cases_for(PRESETS["default"], heads=["A1"], batches=[256], sweeps=["heads"],
                            dtypes=["float32"])
     assert [(c.sweep, c.shape) for c in one] == [("heads", PAPER_HEADS["A1"].shape(256))]
+    # the cases follow --heads' order (a lease puts the heads it has not measured first),
+    # the preset's own order within a head
+    both = runner.cases_for(PRESETS["default"], heads=["C2", "A1"], sweeps=["heads"])
+    heads_seen = list(dict.fromkeys(c.head for c in both))
+    assert heads_seen == ["C2", "A1"]
+    preset_order = runner.cases_for(PRESETS["default"], heads=["A1"], sweeps=["heads"])
+    assert [c for c in both if c.head == "A1"] == preset_order
     with pytest.raises(ValueError, match="unknown sweep"):
         runner.cases_for(PRESETS["quick"], sweeps=["sideways@A1"])
     with pytest.raises(ValueError, match="unknown head"):

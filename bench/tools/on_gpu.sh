@@ -54,7 +54,7 @@
 #         step's end is not started (the report names it), and the report is rewritten after
 #         every unit (/tmp/pipeline, in the archive). PIPE_S=0: none.
 #     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
-#     the kernel sweep.
+#     the kernel sweep (BENCH_HEADS, default C1,C2,B2,A1,A2,B1, is also the order measured).
 #     KEPT_S=90 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
 #         sweep's training-step pass at the six heads' matched μ and around it (B 16, C2 also
 #         32; KEPT_HEADS, KEPT_BACKENDS), sparse against dense against the MLP; it writes the
@@ -90,6 +90,10 @@ ENERGY_S=${ENERGY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 60 || echo 0 
 KEPT_S=${KEPT_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 90 || echo 0 )}
 TC_S=${TC_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 75 || echo 0 )}
 BENCH_MIN_S=${BENCH_MIN_S:-120}
+# the kernel sweep's heads in the order it measures them (bench run follows --heads' order):
+# the heads no H200 lease has measured since issue 38's kernels (stop 48 reached A1, A2, B1
+# in its 77 s) first, the small before the large; every head still comes on a new GPU kind
+BENCH_HEADS=${BENCH_HEADS:-C1,C2,B2,A1,A2,B1}
 # the call anatomy right after the build (CUDA only by default): a few seconds a row
 ANATOMY_S=${ANATOMY_S:-$( [ "${BENCH_DEVICE:-cuda}" = cuda ] && echo 25 || echo 0 )}
 ANATOMY_HEADS=${ANATOMY_HEADS:-A1,B1}
@@ -183,7 +187,7 @@ if [ "$budget" -lt "${BENCH_FLOOR_S:-45}" ]; then
 else
 timeout -k 10 "$budget" "$PY" -m bench run --suite kernels --device "${BENCH_DEVICE:-cuda}" --sweeps heads \
   --preset "${BENCH_PRESET:-default}" --dtypes "${BENCH_DTYPES:-float32,bfloat16}" --passes "${BENCH_PASSES:-forward,both}" --peers einsum \
-  ${BENCH_HEADS:+--heads "$BENCH_HEADS"} \
+  --heads "$BENCH_HEADS" \
   --backends "${BENCH_BACKENDS:-einsum,torch,cuda}" --rounds 3 --min-time 0.05 \
   --energy-window 0 --time-limit $(( budget - BACKSTOP_S )) \
   --out $WORK/bench_cuda --no-history >"$OUT/bench.log" 2>&1
