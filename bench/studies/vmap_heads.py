@@ -2,8 +2,8 @@
 `python -m bench.studies.vmap_heads`).
 
     glai-bench vmap-heads [--head A1] [--batch 16] [--heads 8] [--backend cpp] [--rounds 15]
-                          [--min-time 3] [--repeats 3] [--threads N] [--clock wall|thread]
-                          [--profile]
+                          [--min-time 3] [--repeats 3] [--seed 0] [--threads N]
+                          [--clock wall|thread] [--passes forward|both|all] [--profile]
 
 Issue 43's last target: `torch.func.vmap` over N stacked GLAIEstimator heads (as
 `torch.func.stack_module_state` builds them, `functional_call` under `vmap(in_dims=(0, 0,
@@ -11,8 +11,9 @@ None, None))`, x and act shared) no slower than N separate calls of the heads, i
 run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded inputs:
 
 - forward (under no_grad): `loop` (N calls of the heads), `vmap` (the stacked call) and
-  `folded` (one op call on the weight [N*O, I, P] and bias [N*O]: the floor the batching rule
-  can reach, the same kernel work without torch.func);
+  `folded` (one op call on the stacked weight and bias folded, [N*O, I, P] and [N*O], views
+  of the same memory: the floor the batching rule can reach, the same kernel work on the
+  same weight without torch.func);
 - forward+backward (the weight's and bias's gradients of a sum loss): `loop` (N calls, one
   autograd.grad of their summed losses), `vmap` (autograd.grad through the vmapped forward),
   `vmap-grad` (vmap of torch.func.grad), `vmap-vjp` (vmap of torch.func.vjp, a cotangent per
@@ -27,8 +28,20 @@ run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded
   Function at the grad level, one glai_ext call each way on the folded operands, none of the
   op's checks or Python): what torch.func's own part of the call costs against the loop.
 
+Where the weights sit moves these calls as much as the rule does (docs/notes/cpu-kernels.md,
+"vmap over stacked heads, fifth pass: where the weights sit (issue 43, stop 49)"): the same
+folded call on two copies of one weight differs by a few percent either way, and a call right
+after another that read the same memory finds part of it still in the L3. So each repeat
+builds a fresh ensemble (seed `--seed` + repeat: new heads, new stacked state, new
+allocations), and every contender reads the memory a user's has: `loop` and `op-loop` the
+heads' own N weights, `vmap`, `op-vmap` and `folded` the one stacked weight
+`stack_module_state` made (`folded` a view of it, not a copy). torch's CPU allocator gives
+4 KB pages unless `THP_MEM_ALLOC_ENABLE=1` is in the environment (its 2 MB pages for
+allocations of 2 MB or more, every contender's alike); the header says which.
+
 Each repeat prints every contender's median and interquartile range and its ratio to `loop`
-(the op-level ones to `op-loop`; below 1: faster than the loop). `--clock thread` reads this
+(the op-level ones to `op-loop`; below 1: faster than the loop), then the ratios' median and
+range over the repeats' ensembles. `--clock thread` reads this
 thread's CPU time (with `--threads 1` the whole call's work, none of the time spent waiting for
 a core on a shared machine). `--profile` then shows where the vmapped calls spend beyond
 `folded`: cProfile's top Python functions and torch.profiler's aten operators (a copy of the
@@ -41,6 +54,7 @@ import argparse
 import copy
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import time
@@ -64,7 +78,7 @@ from torch._C._functorch import (
 from torch.autograd.function import _SingleLevelFunction
 from torch.func import functional_call, grad, stack_module_state, vjp, vmap
 
-from bench.cli_types import positive_float, positive_int
+from bench.cli_types import non_negative_int, positive_float, positive_int
 from bench.harness.timing import time_interleaved, warm
 from glai_kernels import GLAIEstimator, estimator
 from glai_kernels.paper_heads import PAPER_HEADS
@@ -152,8 +166,9 @@ class Ensemble:
     """N heads of one shape, stacked: `heads` (the modules), `params`/`buffers` (their stacked
     state: weight [N, O, I, P], bias [N, O], leaves needing gradients), `base` (a meta copy for
     functional_call), x [B, I] and act [B, P] (shared), `weight`/`bias` ([N*O, I, P] and
-    [N*O]: the stacked state folded, leaves of their own), and on `cpp` `floor`, a meta
-    FloorHead for functional_call (`floor-grad`)."""
+    [N*O]: the stacked state folded, leaves of their own on the same memory, so that `folded`
+    reads the weight where `vmap` reads it), and on `cpp` `floor`, a meta FloorHead for
+    functional_call (`floor-grad`)."""
 
     heads: list[GLAIEstimator]
     params: dict[str, torch.Tensor]
@@ -191,12 +206,13 @@ def ensemble(head: str, batch: int, count: int, backend: str, seed: int = 0) -> 
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(batch, s.inputs, generator=gen)
     act = (torch.rand(batch, s.paths, generator=gen) < 0.5).float()
-    weight = params["weight"].detach().reshape(count * s.outputs, s.inputs, s.paths)
-    bias = params["bias"].detach().reshape(count * s.outputs)
+    # views, not copies: a copy's pages would time differently from the stacked weight's
+    weight = params["weight"].detach().view(count * s.outputs, s.inputs, s.paths)
+    bias = params["bias"].detach().view(count * s.outputs)
     floor = (FloorHead(s.inputs, s.paths, s.outputs, backend=backend).to("meta")
              if backend == "cpp" else None)
     return Ensemble(heads, params, buffers, copy.deepcopy(heads[0]).to("meta"), x, act,
-                    weight.clone().requires_grad_(True), bias.clone().requires_grad_(True),
+                    weight.requires_grad_(True), bias.requires_grad_(True),
                     backend, floor)
 
 
@@ -319,15 +335,15 @@ def baseline(name: str) -> str:
 
 def report(title: str, runs: list[dict[str, tuple[float, float]]]) -> None:
     """Each repeat's medians and ratios to the loop (op-level: to op-loop), then the ratios'
-    median over repeats."""
+    median and range over repeats (each its own ensemble)."""
     print(f"\n{title}")
     for i, t in enumerate(runs, 1):
         cells = "  ".join(f"{name} {med:.0f} ±{iqr / 2:.0f} µs ({med / t[baseline(name)][0]:.3f}×)"
                           for name, (med, iqr) in t.items())
-        print(f"  repeat {i}: {cells}")
+        print(f"  repeat {i} (ensemble {i}): {cells}")
     names = [n for n in runs[0] if n != baseline(n)]
     ratios = {n: sorted(t[n][0] / t[baseline(n)][0] for t in runs) for n in names}
-    print("  ratio to loop, median [min, max] over repeats: " + "  ".join(
+    print("  ratio to loop, median [min, max] over repeats (ensembles): " + "  ".join(
         f"{n} {statistics.median(r):.3f} [{r[0]:.3f}, {r[-1]:.3f}]" for n, r in ratios.items()))
 
 
@@ -351,6 +367,13 @@ def profile(fn: Callable[[], object], calls: int, title: str) -> None:
                                                           row_limit=25))
 
 
+def allocation() -> str:
+    """How torch's CPU allocator places tensors in this process (the header's words)."""
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
+    return ("THP_MEM_ALLOC_ENABLE: 2 MB pages for allocations of 2 MB or more" if thp
+            else "torch's default allocation (4 KB pages)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glai-bench vmap-heads",
                                      description=__doc__.splitlines()[0])
@@ -361,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=15)
     parser.add_argument("--min-time", type=positive_float, default=3.0,
                         help="timed seconds per contender and repeat (default: 3)")
-    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="repeats, each on a fresh ensemble (default: 3)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="the first repeat's ensemble seed; repeat r's is seed + r")
     parser.add_argument("--threads", type=positive_int, default=None)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--passes", choices=("forward", "both", "all"), default="all",
@@ -371,24 +397,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    e = ensemble(args.head, args.batch, args.heads, args.backend)
     s = PAPER_HEADS[args.head].shape(args.batch)
     print(f"vmap over {args.heads} stacked {args.head} heads (B={s.batch}, I={s.inputs}, "
           f"P={s.paths}, O={s.outputs}) on {args.backend!r}, float32, torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads, clock {args.clock}")
-    print("bit for bit with the loop: " + ", ".join(
-        f"{what} {'yes' if ok else 'NO'}" for what, ok in same_bits(e).items()))
-    passes = {"forward": ("forward", forward_calls(e)),
-              "both": ("forward+backward", training_calls(e))}
-    chosen = list(passes) if args.passes == "all" else [args.passes]
+          f"{torch.__version__}, {torch.get_num_threads()} threads, clock {args.clock}, "
+          f"{allocation()}; a fresh ensemble a repeat (seeds {args.seed}.."
+          f"{args.seed + args.repeats - 1}): loop and op-loop read the heads' own weights, "
+          "vmap, op-vmap and folded the stacked one")
+    titles = {"forward": ("forward", forward_calls), "both": ("forward+backward", training_calls)}
+    chosen = list(titles) if args.passes == "all" else [args.passes]
+    runs: dict[str, list] = {key: [] for key in chosen}
+    e = None
+    for r in range(args.repeats):
+        del e  # the last ensemble's memory goes back before the next one's is taken
+        e = ensemble(args.head, args.batch, args.heads, args.backend, seed=args.seed + r)
+        print(f"ensemble {r + 1} (seed {args.seed + r}), bit for bit with the loop: " + ", ".join(
+            f"{what} {'yes' if ok else 'NO'}" for what, ok in same_bits(e).items()))
+        for key in chosen:
+            runs[key].append(timed(titles[key][1](e), args.rounds, args.min_time,
+                                   CLOCKS[args.clock]))
     for key in chosen:
-        title, fns = passes[key]
-        runs = [timed(fns, args.rounds, args.min_time, CLOCKS[args.clock])
-                for _ in range(args.repeats)]
-        report(title, runs)
+        report(titles[key][0], runs[key])
     if args.profile:
         for key in chosen:
-            title, fns = passes[key]
+            title, fns = titles[key][0], titles[key][1](e)
             for name in [n for n in fns if "vmap" in n] + ["folded"]:
                 profile(fns[name], 200, f"{title} {name}")
     return 0
