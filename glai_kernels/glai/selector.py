@@ -256,7 +256,8 @@ class PathSelector(nn.Module):
             paths = units.shape[1]
             out = fused.linear(x.detach() if x.requires_grad else x, weight, bias, True)
             return out if out.shape[1] == paths else out[:, :paths].contiguous()
-        if len(widths) == 2 and not (self.training and self.dropout[0] > 0):
+        if (len(widths) == 2 and not (self.training and self.dropout[0] > 0)
+                and not torch.compiler.is_compiling()):  # Dynamo traces `gates` (its cache)
             return self._one_layer_torch(x)
         gates = self.gates(x)
         if self.training:
@@ -276,8 +277,8 @@ class PathSelector(nn.Module):
         "torch", or where the extension's GEMM does not run): `gates`' own F.linear call (the
         MLP's pre-activations, bit for bit), its kept columns selected, the compare written in
         place. `gates` and the column selection take five ops and four [B, n1]-sized tensors
-        for this (the compare's bools, their cast, the padded copy, the selection), ≈ 12 µs of
-        the ≈ 33 µs selector alone at A2 (docs/notes/pipeline.md, "The ordinary GLAI step, third
+        for this (the compare's bools, their cast, the padded copy, the selection), ≈ 11 µs of
+        the ≈ 30 µs selector alone at A2 (docs/notes/pipeline.md, "The ordinary GLAI step, third
         pass (issue 41, stop 49)"); the bits are the same."""
         buffers = self._buffers
         pre = F.linear(x.detach() if x.requires_grad else x, buffers["weight0"],
