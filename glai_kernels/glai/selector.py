@@ -95,6 +95,15 @@ def _kept_columns(weight: torch.Tensor, bias: torch.Tensor | None, units: torch.
                            None if bias is None else bias.index_select(0, units[0]))
 
 
+def _unit_row(units: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """units[0] [P] of a one-hidden-layer selector (weight [n1, n0]), contiguous, or None
+    when a column names the "no unit" sentinel n1 (its act is the padded column of ones)."""
+    row = units[0].contiguous()
+    if row.device.type == "meta" or not row.numel():  # no values to look at: shapes only
+        return row
+    return None if int(row.max()) >= weight.shape[0] else row
+
+
 class PathSelector(nn.Module):
     """act [B, P] from x [B, n0] through frozen hidden layers (buffers, never trained).
 
@@ -247,6 +256,9 @@ class PathSelector(nn.Module):
             paths = units.shape[1]
             out = fused.linear(x.detach() if x.requires_grad else x, weight, bias, True)
             return out if out.shape[1] == paths else out[:, :paths].contiguous()
+        if (len(widths) == 2 and not (self.training and self.dropout[0] > 0)
+                and not torch.compiler.is_compiling()):  # Dynamo traces `gates` (its cache)
+            return self._one_layer_torch(x)
         gates = self.gates(x)
         if self.training:
             gates = [F.dropout(g, p, training=True) if p > 0 else g
@@ -259,6 +271,28 @@ class PathSelector(nn.Module):
             column = F.pad(gate, (0, 1), value=1.0).index_select(1, self.units[layer])
             act = column if act is None else act * column
         return act
+
+    def _one_layer_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """act [B, P] of a one-hidden-layer selector without dropout on F.linear (`gemm`
+        "torch", or where the extension's GEMM does not run): `gates`' own F.linear call (the
+        MLP's pre-activations, bit for bit), its kept columns selected, the compare written in
+        place. `gates` and the column selection take five ops and four [B, n1]-sized tensors
+        for this (the compare's bools, their cast, the padded copy, the selection), ≈ 11 µs of
+        the ≈ 30 µs selector alone at A2 (docs/notes/pipeline.md, "The ordinary GLAI step, third
+        pass (issue 41, stop 49)"); the bits are the same."""
+        buffers = self._buffers
+        pre = F.linear(x.detach() if x.requires_grad else x, buffers["weight0"],
+                       buffers["bias0"])
+        if not self._single_full:
+            columns = self._derived("unit row", (buffers["units"], buffers["weight0"]),
+                                    _unit_row)
+            if columns is None:  # a column with no unit (only in a hand-made selector)
+                return torch.constant_pad_nd((pre > 0).to(x.dtype), (0, 1), 1.0).index_select(
+                    1, buffers["units"][0])
+            pre = pre.index_select(1, columns)
+        if pre.dtype != x.dtype or pre.requires_grad:  # autocast's dtype; trainable buffers
+            return (pre > 0).to(x.dtype)
+        return pre.gt_(0)  # 1.0 where > 0, else 0.0 (NaN too), as (pre > 0).to(x.dtype)
 
     def select(self, columns: torch.Tensor) -> PathSelector:
         """A selector with only these path columns, in this order (same frozen layers)."""
