@@ -300,6 +300,15 @@ def test_compare_tool_checks_two_runs(tiny_run, tmp_path, capsys):
     table = compare(results, other)
     assert not table.agrees.all() and table["same epochs"].all()
     assert main([str(results), str(other)]) == 1
+    # a run's folder reads as its results.json; a path that is none ends in a line naming it
+    assert main([str(out), str(results)]) == 0
+    capsys.readouterr()
+    assert main([str(results), str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "not a pipeline run's results.json" in err
+    (tmp_path / "junk.json").write_text("{}")
+    assert main([str(tmp_path / "junk.json"), str(results)]) == 2
+    assert "junk.json" in capsys.readouterr().err
 
 
 def test_unstructured_glai_trains_on_the_sparse_layout():

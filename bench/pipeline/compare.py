@@ -1,4 +1,5 @@
 """Do two pipeline runs agree? `python -m bench.pipeline.compare A/results.json B/results.json`
+(or the runs' folders, A B).
 
 Compares the headline speedup (GLAI's time to convergence over the MLP's, mean over seeds)
 per (data, head) and GLAI row of two runs' results.json, e.g. two runs of one commit, one of
@@ -24,8 +25,21 @@ import pandas as pd
 from bench.pipeline.report import _frame, protocol_records
 
 
+def _results(path: pathlib.Path) -> list[dict]:
+    """The records of a run's results.json (`path` the file or the run's folder); a missing
+    or unreadable file raises ValueError naming it."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        return json.loads(path.read_text())["records"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a pipeline run's results.json "
+                         f"({type(e).__name__}: {e})") from None
+
+
 def _priced(path: pathlib.Path, protocol: str) -> pd.DataFrame:
-    records = protocol_records(json.loads(pathlib.Path(path).read_text())["records"], protocol)
+    records = protocol_records(_results(path), protocol)
     if not records:
         raise ValueError(f"{path} has no {protocol} protocol's costs (an older run?)")
     return _frame(records)
@@ -85,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.15)
     parser.add_argument("--protocol", choices=("paper", "engineered"), default="paper")
     args = parser.parse_args(argv)
-    table = compare(args.a, args.b, args.tolerance, args.protocol)
+    try:
+        table = compare(args.a, args.b, args.tolerance, args.protocol)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if table.empty:
         print("no (data, head, GLAI row) in common")
         return 1
