@@ -364,5 +364,6 @@ def cases_for(preset: Preset, dtypes: Sequence[str] | None = None,
         raise ValueError("no case of the preset matches the --heads/--batches/--sweeps/"
                          "--dtypes asked for")
     if heads:  # a stable sort: within one head the preset's order stays
-        cases.sort(key=lambda c: list(heads).index(c.head))
+        rank = {head: i for i, head in enumerate(heads)}
+        cases.sort(key=lambda c: rank[c.head])
     return cases

@@ -242,23 +242,24 @@ class PathSelector(nn.Module):
         # every Python line here costs ~3x its time alone inside a training step at the
         # paper's B = 16 (docs/notes/pipeline.md, "The ordinary GLAI step, second pass (issue
         # 41, stop 46)"): the one-hidden-layer case reads as few attributes as it can
-        if (len(widths) == 2 and not (self.training and self.dropout[0] > 0)
-                and self._use_extension(x)):
-            # act[:, s] is unit units[0, s]'s gate: the column selection folded into the GEMM
-            # (each column sums in the same order wherever it sits: the same bits as
-            # selecting from every unit's gates), the columns zero-padded to whole register
-            # tiles once here, so the kernel does not pad its last block on every call
-            # (B1's P = 319: ≈ 9 µs a call; docs/notes/sparse.md, "The bias's update in one call,
-            # and the selector's tiles")
-            units = buffers["units"]
-            weight, bias = self._derived("columns", (buffers["weight0"], buffers["bias0"],
-                                                     units), _kept_columns)
-            paths = units.shape[1]
-            out = fused.linear(x.detach() if x.requires_grad else x, weight, bias, True)
-            return out if out.shape[1] == paths else out[:, :paths].contiguous()
-        if (len(widths) == 2 and not (self.training and self.dropout[0] > 0)
-                and not torch.compiler.is_compiling()):  # Dynamo traces `gates` (its cache)
-            return self._one_layer_torch(x)
+        if len(widths) == 2 and not (self.training and self.dropout[0] > 0):
+            if self._use_extension(x):
+                # act[:, s] is unit units[0, s]'s gate: the column selection folded into the
+                # GEMM (each column sums in the same order wherever it sits: the same bits as
+                # selecting from every unit's gates), the columns zero-padded to whole register
+                # tiles once here, so the kernel does not pad its last block on every call
+                # (B1's P = 319: ≈ 9 µs a call; docs/notes/sparse.md, "The bias's update in one
+                # call, and the selector's tiles")
+                units = buffers["units"]
+                weight, bias = self._derived("columns", (buffers["weight0"], buffers["bias0"],
+                                                         units), _kept_columns)
+                paths = units.shape[1]
+                out = fused.linear(x.detach() if x.requires_grad else x, weight, bias, True)
+                return out if out.shape[1] == paths else out[:, :paths].contiguous()
+            if not torch.compiler.is_compiling():  # Dynamo traces `gates` (its cache)
+                act = self._one_layer_torch(x)
+                if act is not None:
+                    return act
         gates = self.gates(x)
         if self.training:
             gates = [F.dropout(g, p, training=True) if p > 0 else g
@@ -272,23 +273,25 @@ class PathSelector(nn.Module):
             act = column if act is None else act * column
         return act
 
-    def _one_layer_torch(self, x: torch.Tensor) -> torch.Tensor:
+    def _one_layer_torch(self, x: torch.Tensor) -> torch.Tensor | None:
         """act [B, P] of a one-hidden-layer selector without dropout on F.linear (`gemm`
         "torch", or where the extension's GEMM does not run): `gates`' own F.linear call (the
         MLP's pre-activations, bit for bit), its kept columns selected, the compare written in
         place. `gates` and the column selection take five ops and four [B, n1]-sized tensors
         for this (the compare's bools, their cast, the padded copy, the selection), ≈ 11 µs of
         the ≈ 30 µs selector alone at A2 (docs/notes/pipeline.md, "The ordinary GLAI step, third
-        pass (issue 41, stop 49)"); the bits are the same."""
+        pass (issue 41, stop 49)"); the bits are the same. None where a column names the "no
+        unit" sentinel (only in a hand-made selector): the gates' path then."""
         buffers = self._buffers
-        pre = F.linear(x.detach() if x.requires_grad else x, buffers["weight0"],
-                       buffers["bias0"])
+        columns = None
         if not self._single_full:
             columns = self._derived("unit row", (buffers["units"], buffers["weight0"]),
                                     _unit_row)
-            if columns is None:  # a column with no unit (only in a hand-made selector)
-                return torch.constant_pad_nd((pre > 0).to(x.dtype), (0, 1), 1.0).index_select(
-                    1, buffers["units"][0])
+            if columns is None:
+                return None
+        pre = F.linear(x.detach() if x.requires_grad else x, buffers["weight0"],
+                       buffers["bias0"])
+        if columns is not None:
             pre = pre.index_select(1, columns)
         if pre.dtype != x.dtype or pre.requires_grad:  # autocast's dtype; trainable buffers
             return (pre > 0).to(x.dtype)

@@ -97,7 +97,6 @@ at::Tensor call_linear(const at::Tensor& x, const at::Tensor& weight_t,
   return op.call(x, weight_t, bias, gates);
 }
 
-
 void call_dvalues_adam(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act,
                        at::Tensor& values, at::TensorList index, at::Tensor& exp_avg,
                        at::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
@@ -255,7 +254,6 @@ void sparse_step_update(const at::Tensor& dy, const at::Tensor& x_aug, const at:
   at::Tensor b = *bias, m = *bias_exp_avg, v = *bias_exp_avg_sq, s = *bias_step;
   call_bias_adam(rows, b, m, v, lr, beta1, beta2, weight_decay, eps, advance(s), decoupled);
 }
-
 
 // Several model calls per loss (FusedSparseStep's Python path for them): each call's dvalues by
 // glai_ext::sparse_backward and its dbias = dy summed over the batch (torch's sum), summed over

@@ -36,6 +36,9 @@
 namespace glai_ext {
 namespace {
 
+// glai::sparse_estimator_backward (registered from Python with its own autograd): for
+// create_graph. `saved` is an empty [0] when the forward kept nothing, as the Python Function
+// passes it.
 std::vector<at::Tensor> call_backward_op(const at::Tensor& dy, const at::Tensor& x,
                                          const at::Tensor& act, const at::Tensor& values,
                                          const std::vector<at::Tensor>& index,
@@ -63,8 +66,8 @@ struct SparseEstimatorBackward : public eager::EagerBackward<SparseEstimatorBack
 
   std::tuple<at::Tensor, at::Tensor, at::Tensor> direct_backward(const eager::BackwardArgs& a) {
     return sparse_backward_call(a.dy.contiguous(), a.x.contiguous(), a.act.contiguous(),
-                         a.weight.contiguous(), index, kept(a),
-                         c10::List<bool>({a.need_x, a.need_act, a.need_weight}));
+                                a.weight.contiguous(), index, kept(a),
+                                c10::List<bool>({a.need_x, a.need_act, a.need_weight}));
   }
 
   static at::Tensor kept(const eager::BackwardArgs& a) {
