@@ -140,31 +140,21 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
               dy.scalar_type(), " on ", dy.device());
 }
 
-// out [n, ld] = in [B, n] transposed, the padding columns zero: a plain loop, rows of out in
-// order, each reading one element of every row of in (B sequential streams). torch's strided
-// copy_ took ≈ 17 µs for B1's x [16, 1281], and a training step transposes x twice, act
-// twice and dy once (docs/notes/sparse.md, "Training step ≤ MLP", second pass).
-template <typename T>
-void transpose_into(const T* in, T* out, int64_t batch, int64_t n, int64_t ld) {
-  for (int64_t i = 0; i < n; ++i) {
-    T* row = out + i * ld;
-    for (int64_t b = 0; b < batch; ++b) row[b] = in[b * n + i];
-    for (int64_t b = batch; b < ld; ++b) row[b] = T(0);
-  }
-}
-
 // t [B, n] as [n, ld] in the accumulation dtype, the padding columns zero.
 at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
   const int64_t n = t.size(1);
   const auto acc = accumulation(t.scalar_type());
   at::Tensor out = at::empty({n, s.ld}, t.options().dtype(acc));
   if (t.scalar_type() == acc && t.is_contiguous()) {
+    // the kernels' vector blocks: torch's strided copy_ took ≈ 17 µs for B1's x [16, 1281],
+    // and a training step transposes x twice, act twice and dy once (docs/notes/sparse.md,
+    // "Training step ≤ MLP", second pass)
     if (acc == at::kDouble)
-      transpose_into(t.const_data_ptr<double>(), out.mutable_data_ptr<double>(), s.batch, n,
-                     s.ld);
+      glai_cpu::sparse::kernels<double>().transpose(
+          t.const_data_ptr<double>(), out.mutable_data_ptr<double>(), s.batch, n, s.ld);
     else
-      transpose_into(t.const_data_ptr<float>(), out.mutable_data_ptr<float>(), s.batch, n,
-                     s.ld);
+      glai_cpu::sparse::kernels<float>().transpose(
+          t.const_data_ptr<float>(), out.mutable_data_ptr<float>(), s.batch, n, s.ld);
     return out;
   }
   if (s.ld > s.batch) out.narrow(1, s.batch, s.ld - s.batch).zero_();

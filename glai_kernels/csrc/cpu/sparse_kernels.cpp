@@ -39,7 +39,8 @@ namespace glai_cpu::sparse {
 namespace {
 
 #define GLAI_SPARSE_SET(ns, T) \
-  Kernels<T> { &ns::forward<T>, &ns::dvalues<T>, &ns::dx<T>, &ns::dact<T>, &ns::adam<T> }
+  Kernels<T> { &ns::forward<T>, &ns::dvalues<T>, &ns::dx<T>, &ns::dact<T>, &ns::adam<T>, \
+            &ns::transpose<T> }
 
 template <typename T>
 struct Named {

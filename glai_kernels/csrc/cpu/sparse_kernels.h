@@ -77,6 +77,9 @@ struct Kernels {
   // values, m, v [n] updated in place from their gradient g [n] (every element by the same
   // vector operations, so its bits do not depend on where a chunk starts).
   void (*adam)(const AdamStep<T>& a, T* values, T* m, T* v, const T* g, int64_t n);
+  // out [n, ld] = in [batch, n] transposed, out's columns from batch to ld zero (ld a
+  // multiple of kBatchPad): the binding's xt, actt and dyt.
+  void (*transpose)(const T* in, T* out, int64_t batch, int64_t n, int64_t ld);
 };
 
 // Whether every group's output and path is in range: one pass over G, which dx needs first.
