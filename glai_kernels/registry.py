@@ -112,7 +112,25 @@ class Backend:
         return 0 if self.workspace is None else self.workspace(shape, forward, frozenset(grads))
 
 
+_ENVIRON = os.environ
+_ENV_KEY = getattr(_ENVIRON, "encodekey", lambda key: key)(ENV_VAR)
+
+
+def environment_backend() -> str:
+    """$GLAI_BACKEND's value ("" when unset). Read on every op call: `os.environ.get` of an
+    unset variable raises and catches a KeyError inside (≈ 0.5 µs), so the process's
+    environment mapping is read directly where it is CPython's own (`os._Environ`, whose
+    `_data` every `os.environ` write and `putenv` go through), `get` otherwise."""
+    environ = os.environ
+    data = getattr(environ, "_data", None) if environ is _ENVIRON else None
+    if data is None:
+        return environ.get(ENV_VAR, "")
+    raw = data.get(_ENV_KEY)
+    return "" if raw is None else environ.decodevalue(raw)
+
+
 _AVAILABILITY: dict[tuple[str, str, str], str | None] = {}
+_RESOLVED_MAX = 256  # a registry's remembered answers (`Registry.resolve`), cleared when full
 
 
 @torch._dynamo.assume_constant_result
@@ -140,7 +158,9 @@ class Registry:
             raise ValueError(f"a registry for op {op!r} already exists")
         self.op = op
         self._backends: dict[str, Backend] = {}
+        self._resolved: dict[tuple, Backend] = {}  # `resolve`'s answers (`_resolve_key`)
         Registry._BY_OP[op] = self
+        dispatch.on_clear(self._resolved.clear)  # tables swapped: "auto" may pick another
 
     @classmethod
     def of(cls, op: str) -> Registry:
@@ -152,6 +172,7 @@ class Registry:
     def _forget(self, name: str) -> None:
         for key in [k for k in _AVAILABILITY if k[:2] == (self.op, name)]:
             del _AVAILABILITY[key]
+        self._resolved.clear()
 
     def register(self, backend: Backend) -> Backend:
         """Add a backend; its name must be new and not the reserved word "auto"."""
@@ -161,6 +182,7 @@ class Registry:
             raise ValueError(f"{self.op} already has a baseline backend ({self.baseline().name})")
         object.__setattr__(backend, "op", self.op)
         self._backends[backend.name] = backend
+        self._resolved.clear()
         return backend
 
     def replace(self, backend: Backend) -> Backend:
@@ -207,7 +229,7 @@ class Registry:
             if backend != AUTO:
                 self.get(backend)  # validate early, whatever the tensors
             return backend
-        name = os.environ.get(ENV_VAR, "") or AUTO
+        name = environment_backend() or AUTO
         if name != AUTO:
             try:
                 self.get(name)
@@ -275,15 +297,51 @@ class Registry:
         Raises ValueError for an unknown name and RuntimeError, with the reason, for a
         backend that cannot run these tensors here.
         """
+        key = self._resolve_key(backend, device, dtype, call)
+        chosen = self._resolved.get(key) if key is not None else None
+        if chosen is not None:
+            return chosen
         name = self.requested_name(backend)
         if name == AUTO:
-            return self.pick_auto(device.type, dtype, call)
-        chosen = self.get(name)
-        reason = chosen.unsupported_reason(device.type, dtype)
-        if reason is not None:
-            raise RuntimeError(
-                f"{self.op} backend {name!r} cannot run {dtype} on {device}: {reason}")
+            chosen = self.pick_auto(device.type, dtype, call)
+        else:
+            chosen = self.get(name)
+            reason = chosen.unsupported_reason(device.type, dtype)
+            if reason is not None:
+                raise RuntimeError(
+                    f"{self.op} backend {name!r} cannot run {dtype} on {device}: {reason}")
+        if key is not None:
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            self._resolved[key] = chosen
         return chosen
+
+    def resolved(self, backend: str | None, device: torch.device, dtype: torch.dtype,
+                 call: dispatch.Call | None = None) -> Backend | None:
+        """What `resolve` answered for these arguments before, while nothing it read has
+        changed since; None where it has not answered them (or under torch.compile)."""
+        key = self._resolve_key(backend, device, dtype, call)
+        return self._resolved.get(key) if key is not None else None
+
+    @staticmethod
+    def _resolve_key(backend: str | None, device: torch.device, dtype: torch.dtype,
+                     call: dispatch.Call | None) -> tuple | None:
+        """What `resolve`'s answer depends on besides the registry, the backends'
+        availability and the dispatch tables (each of which clears the answers when it
+        changes): the name asked for, $GLAI_BACKEND's value when none is, the device, the
+        dtype, and for "auto" with a call shape that shape and the thread count whose table
+        it reads (and the current CUDA device). Resolving inside an op costs ≈ 3 µs alone and
+        ≈ 12 µs of an A2 training step, an answer kept ≈ 1 (docs/notes/pipeline.md, "The
+        ordinary GLAI step, fourth pass: what the head's forward asks every step (issue 41,
+        stop 50)"). None under torch.compile, which traces the resolution itself."""
+        if torch.compiler.is_compiling():
+            return None
+        where = 0
+        if call is not None:
+            where = (torch.get_num_threads() if device.type == "cpu"
+                     else torch.cuda.current_device() if device.type == "cuda" else 0)
+        return (backend, environment_backend() if backend is None else None, device, dtype,
+                call, where)
 
     def statuses(self) -> list[BackendStatus]:
         """Availability of every registered backend on every device type it declares."""

@@ -44,6 +44,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -408,9 +409,21 @@ def measured_pick(op: str, device_type: str, dtype: torch.dtype,
     return answer
 
 
+_ON_CLEAR: list[Callable[[], None]] = []
+
+
+def on_clear(forget: Callable[[], None]) -> None:
+    """Call `forget` whenever `clear_cache` runs (the registries' remembered answers: their
+    "auto" read these tables)."""
+    _ON_CLEAR.append(forget)
+
+
 def clear_cache() -> None:
-    """Forget the tables read and the picks made (tests swap TABLE_DIR)."""
+    """Forget the tables read and the picks made (tests swap TABLE_DIR), and what was
+    decided from them."""
     _load.cache_clear()
     _nearest_table.cache_clear()
     _PICKS.clear()
     _HAS_TABLE.clear()
+    for forget in _ON_CLEAR:
+        forget()

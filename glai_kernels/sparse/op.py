@@ -20,7 +20,6 @@ that its checks passed; the next such call with the same unedited index runs wit
 from __future__ import annotations
 
 import operator
-import os
 from typing import NamedTuple
 
 import torch
@@ -28,7 +27,7 @@ from torch.autograd import forward_ad
 
 from glai_kernels import autocast, calls, dispatch, transforms
 from glai_kernels.autocast import autocast_dtype, autocast_inputs
-from glai_kernels.registry import AUTO, ENV_VAR, Backend
+from glai_kernels.registry import AUTO, ENV_VAR, Backend, environment_backend
 from glai_kernels.sparse import checked
 from glai_kernels.sparse.contract import SparseShape, as_index, check_inputs
 from glai_kernels.sparse.layout import KeptIndex
@@ -369,7 +368,7 @@ def requested_name(backend: str | None) -> str:
     """The sparse backend `backend` (else $GLAI_BACKEND, else "auto") asks for. A
     $GLAI_BACKEND naming a backend only the dense op has is an error that says so."""
     if backend is None:
-        chosen = os.environ.get(ENV_VAR, "")
+        chosen = environment_backend()
         if chosen and chosen != AUTO and chosen not in SPARSE_ESTIMATOR.names():
             known = ", ".join([AUTO, *sorted(SPARSE_ESTIMATOR.names())])
             raise ValueError(f"${ENV_VAR}={chosen!r} names no sparse estimator backend; "
@@ -388,13 +387,21 @@ def resolve(backend: str | None, device: torch.device, dtype: torch.dtype,
     or for "auto" `META_AUTO`, which stands for it (the fakes then save nothing).
     """
     meta = device.type == "meta"
+    if not meta:
+        # the registry's answer to these arguments, while nothing it read has changed
+        # (Registry.resolved; docs/notes/pipeline.md, "The ordinary GLAI step, fourth pass:
+        # what the head's forward asks every step (issue 41, stop 50)")
+        known = SPARSE_ESTIMATOR.resolved(backend, device, dtype, call)
+        if known is not None:
+            return known
     # a name given is checked by Registry.resolve as requested_name would (the same error):
     # three calls fewer on every forward (docs/notes/pipeline.md, "The ordinary GLAI step,
     # second pass (issue 41, stop 46)")
     name = requested_name(backend) if backend is None or meta else backend
     if meta:
         return META_AUTO if name == AUTO else SPARSE_ESTIMATOR.get(name)
-    return SPARSE_ESTIMATOR.resolve(name, device, dtype, call)
+    # `backend` as given, so the answer is kept under what the next call will ask
+    return SPARSE_ESTIMATOR.resolve(backend, device, dtype, call)
 
 
 def _never_on_meta(*_args, **_kwargs):
