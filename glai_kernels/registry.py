@@ -117,10 +117,11 @@ _ENV_KEY = getattr(_ENVIRON, "encodekey", lambda key: key)(ENV_VAR)
 
 
 def environment_backend() -> str:
-    """$GLAI_BACKEND's value ("" when unset). Read on every op call: `os.environ.get` of an
-    unset variable raises and catches a KeyError inside (≈ 0.5 µs), so the process's
-    environment mapping is read directly where it is CPython's own (`os._Environ`, whose
-    `_data` every `os.environ` write and `putenv` go through), `get` otherwise."""
+    """$GLAI_BACKEND's value ("" when unset), as `os.environ.get` gives it. Read on every op
+    call: `get` of an unset variable raises and catches a KeyError inside (≈ 0.5 µs), so the
+    mapping under `os.environ` is read directly where it is CPython's own (`os._Environ`: every
+    write to `os.environ` goes through its `_data`; a bare `os.putenv` reaches neither), `get`
+    otherwise."""
     environ = os.environ
     data = getattr(environ, "_data", None) if environ is _ENVIRON else None
     if data is None:
