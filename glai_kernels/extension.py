@@ -164,13 +164,14 @@ def run_sparse_backward(
 
 def run_sparse_eager(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
                      bias: torch.Tensor | None, save: bool, index: Sequence[torch.Tensor],
-                     backend: str) -> torch.Tensor:
+                     backend: str, ones: bool = False) -> torch.Tensor:
     """glai_ext::sparse_estimator_eager (csrc/cpu/sparse_eager_autograd.cpp): y [B, O] = the
     sparse forward over `index` (a KeptIndex) + bias, recorded by autograd as one C++ node whose
     backward runs glai_ext::sparse_backward (the backward op of the sparse op, on `backend`,
-    when it builds a graph); the group sums Zg^T kept for it when `save`."""
+    when it builds a graph); the group sums Zg^T kept for it when `save`. `ones`: x [B, I - 1]
+    lacks the index's last input, the constant 1, which the call supplies."""
     return torch.ops.glai_ext.sparse_estimator_eager(x, act, values, list(index), bias, save,
-                                                     backend)
+                                                     backend, ones)
 
 
 def _sparse_forward_fake(x, act, values, index, save):

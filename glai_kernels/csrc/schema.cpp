@@ -32,7 +32,7 @@
 //   glai_ext::sparse_forward(x [B, I], act [B, P], values [K], index, save) -> (y [B, O], zg)
 //   glai_ext::sparse_backward(dy [B, O], x, act, values, index, saved, needs [3])
 //       -> (dx [B, I], dact [B, P], dvalues [K]), each empty [0] when not needed
-//   glai_ext::sparse_estimator_eager(x, act, values, index, bias?, save, backend) -> y [B, O]:
+//   glai_ext::sparse_estimator_eager(x, act, values, index, bias?, save, backend, ones) -> y:
 //       the forward plus bias with its autograd node in C++ (cpu/sparse_eager_autograd.cpp)
 //   glai_ext::sparse_dvalues_adam(dy, x, act, values!, index, exp_avg!, exp_avg_sq!, lr, beta1,
 //       beta2, weight_decay, eps, step, decoupled) -> (): dvalues and one Adam / AdamW update
@@ -70,13 +70,20 @@ TORCH_LIBRARY(glai_ext, m) {
   // sparse
   m.def(
       "sparse_estimator_eager(Tensor x, Tensor act, Tensor values, Tensor[] index, Tensor? bias,"
-      " bool save, str backend) -> Tensor");
+      " bool save, str backend, bool ones=False) -> Tensor");
   m.def(
       "sparse_forward(Tensor x, Tensor act, Tensor values, Tensor[] index, bool save)"
       " -> (Tensor, Tensor)");
   m.def(
       "sparse_backward(Tensor dy, Tensor x, Tensor act, Tensor values, Tensor[] index,"
       " Tensor saved, bool[] needs) -> (Tensor, Tensor, Tensor)");
+  // the eager node's pair for x without its constant-1 last input (CPU; sparse_op_calls.h)
+  m.def(
+      "sparse_forward_ones(Tensor x, Tensor act, Tensor values, Tensor[] index, bool save)"
+      " -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "sparse_backward_xt(Tensor dy, Tensor x, Tensor xt, Tensor act, Tensor values,"
+      " Tensor[] index, Tensor saved, bool[] needs) -> (Tensor, Tensor, Tensor)");
   m.def("sparse_dvalues_adam(Tensor dy, Tensor x, Tensor act, Tensor(a!) values, Tensor[] index,"
         " Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, float lr, float beta1, float beta2,"
         " float weight_decay, float eps, float step, bool decoupled) -> ()");

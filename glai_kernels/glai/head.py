@@ -196,9 +196,6 @@ class GLAIHead(nn.Module):
         # step (issue 41 item 2, stop 45)")
         modules = self._modules
         act = modules["selector"](x)
-        # the constant-1 input carries the hidden biases (F.pad's own call, without its
-        # Python wrapper: one frame fewer per step)
-        x_aug = torch.constant_pad_nd(x, (0, 1), 1.0)
         sw = modules.get("sparse_weight")
         if sw is not None:  # the sparse layout
             # the dtype the op runs in: inside torch.autocast the region's (the op casts)
@@ -207,14 +204,18 @@ class GLAIHead(nn.Module):
                 dtype = x.dtype
             backend = self.backend
             chosen = sparse_op.op.resolve(backend, x.device, dtype,
-                                          sparse_op.op.auto_call(x_aug, act, sw, backend))
+                                          sparse_op.op.auto_call(x, act, sw, backend, True))
             used = f"sparse:{chosen.name}"
             if self.__dict__.get("backend_used") != used:  # nn.Module.__setattr__: ≈ 1 µs
                 self.backend_used = used
             # resolved once here, not again inside `estimator` (docs/notes/sparse.md, "Training
-            # step: the Python around the kernels")
-            return sparse_op.op.run_resolved(x_aug, act, sw, self._parameters.get("bias"),
-                                             chosen)
+            # step: the Python around the kernels"); the constant-1 input that carries the
+            # hidden biases supplied by the op (`ones`)
+            return sparse_op.op.run_resolved(x, act, sw, self._parameters.get("bias"), chosen,
+                                             ones=True)
+        # the constant-1 input carries the hidden biases (F.pad's own call, without its
+        # Python wrapper: one frame fewer per step)
+        x_aug = torch.constant_pad_nd(x, (0, 1), 1.0)
         if self._pruned is not None and torch.is_grad_enabled():
             self._ensure_gradient_mask()
         name = backend_for(x_aug, self.backend, act, self.weight)

@@ -164,17 +164,27 @@ def estimator(
 
 def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
                  bias: torch.Tensor | None, impl: Backend | None,
-                 backend: str | None = None) -> torch.Tensor:
+                 backend: str | None = None, *, ones: bool = False) -> torch.Tensor:
     """`estimator` on the backend `impl` when the caller resolved it already (`resolve(backend,
     x.device, x.dtype, auto_call(...))`; GLAIHead records it), so it is not resolved twice;
     `impl` None: resolve `backend` after the argument checks, as `estimator` does.
 
     Shapes as `estimator`: x [B, I], act [B, P], sw (O, I, P) with values [K], bias [O] ->
-    y [B, O]; the same checks of every argument, in the same order.
+    y [B, O]; the same checks of every argument, in the same order. `ones`: x is [B, I - 1]
+    and the weight's last input is the constant 1 (a GLAI head's, carrying its hidden biases):
+    the call is that of `torch.constant_pad_nd(x, (0, 1), 1.0)`, the same values and gradients,
+    made without that tensor where the backend's eager node supplies the ones
+    (docs/notes/pipeline.md, "The constant-1 row written by the transpose, x^T kept for the
+    backward (issue 41, stop 50)").
     """
-    y = _remembered_call(x, act, sw, bias, impl, backend)
+    y = _remembered_call(x, act, sw, bias, impl, backend, ones)
     if y is not None:
         return y
+    if ones:
+        x = torch.constant_pad_nd(x, (0, 1), 1.0)
+        y = _remembered_call(x, act, sw, bias, impl, backend)
+        if y is not None:
+            return y
     index, values = sw.index, sw.values
     dtype = autocast_dtype(x.device.type) if isinstance(x, torch.Tensor) else None
     if dtype is not None:
@@ -258,7 +268,8 @@ def _remember(sw: SparsePathWeight, index: KeptIndex, contiguous: KeptIndex, x: 
 
 
 def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
-                     impl: Backend | None, backend: str | None) -> torch.Tensor | None:
+                     impl: Backend | None, backend: str | None,
+                     ones: bool = False) -> torch.Tensor | None:
     """`run_resolved`'s y [B, O] for an eager call on `sw` after one that `_remember` saw
     pass its checks: plain tensors, the same unedited index, no autocast, mode or transform,
     and B > 0; None for anything else, and for inputs the checks would refuse (the full path
@@ -268,7 +279,9 @@ def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
     kernels' binding checks x, act and values against the index: ranks, dtypes, devices,
     sizes) takes them unchecked here but for the bias (its node adds it with broadcasting)
     and B; any RuntimeError of that call sends it to the full path. Other backends get the
-    checks in Python, against the remembered call's dtype, device and sizes."""
+    checks in Python, against the remembered call's dtype, device and sizes. `ones` (x lacks
+    the constant-1 last input): only an eager node that supplies it (`supplies_ones`) takes
+    the call; None otherwise, and the caller pads x."""
     if torch.compiler.is_compiling():  # Dynamo traces the full path (and its checks)
         return None
     values = sw._parameters.get("values")
@@ -293,18 +306,22 @@ def _remembered_call(x, act, sw: SparsePathWeight, bias: torch.Tensor | None,
         if not (x.dtype is dtype and x.device == device and x.dim() == 2 and act.dim() == 2):
             return None
         try:
-            impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend))
+            impl = resolve(backend, device, dtype, auto_call(x, act, sw, backend, ones))
         except (ValueError, RuntimeError):
             return None
     rest = (tensors if kept.index is None else kept.index,)
     eager = impl.eager
+    if ones and not getattr(eager, "supplies_ones", False):
+        return None
     if eager is not None:
         if not (x.numel() > 0 and (bias is None or (bias.dtype is values.dtype
                                                      and bias.shape == kept.bias_shape))):
             return None
+        save = act.requires_grad and torch.is_grad_enabled()
         try:
-            return eager(x, act, values, bias, act.requires_grad and torch.is_grad_enabled(),
-                         *rest)
+            if ones:
+                return eager(x, act, values, bias, save, *rest, ones=True)
+            return eager(x, act, values, bias, save, *rest)
         except RuntimeError:
             return None
     outputs, inputs, paths, nnz, groups = kept.sizes
@@ -352,16 +369,17 @@ def _contraction(impl: Backend) -> transforms.Contraction:
 
 
 def auto_call(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
-              backend: str | None) -> dispatch.Call | None:
+              backend: str | None, ones: bool = False) -> dispatch.Call | None:
     """What "auto" is told of a sparse call: its mode and dense shape (B, I, P, O; as a plain
     tuple in `dispatch.Call`'s order), or None where it cannot use them (a named backend,
-    torch.compile, a machine kind without a sparse table), as the dense op's `auto_call`."""
+    torch.compile, a machine kind without a sparse table), as the dense op's `auto_call`.
+    `ones`: x lacks the constant-1 last input (`run_resolved`), so I is one more."""
     if ((backend is not None and backend != AUTO) or torch.compiler.is_compiling()
             or not dispatch.has_table(x.device.type, SPARSE_ESTIMATOR.op)):
         return None
     batch, inputs = x.shape
-    return (dispatch.call_mode(x, act, sw.values), batch, inputs,  # type: ignore[return-value]
-            act.shape[1], sw.shape[0])
+    return (dispatch.call_mode(x, act, sw.values), batch,  # type: ignore[return-value]
+            inputs + ones, act.shape[1], sw.shape[0])
 
 
 def requested_name(backend: str | None) -> str:

@@ -68,8 +68,9 @@ at::ScalarType accumulation(at::ScalarType t) {
 
 int32_t at_index(const at::Tensor& t, int64_t i) { return t.const_data_ptr<int32_t>()[i]; }
 
+// `ones`: x is [B, I - 1], the index's last input being the constant 1 (sparse_forward_ones).
 Sizes check(const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
-            const std::vector<at::Tensor>& index) {
+            const std::vector<at::Tensor>& index, bool ones = false) {
   TORCH_CHECK(x.dim() == 2, kWho, ": x must be [B, I], got ", x.sizes());
   TORCH_CHECK(act.dim() == 2, kWho, ": act must be [B, P], got ", act.sizes());
   TORCH_CHECK(values.dim() == 1, kWho, ": values must be [K], got ", values.sizes());
@@ -102,8 +103,8 @@ Sizes check(const at::Tensor& x, const at::Tensor& act, const at::Tensor& values
               "entry each");
   Sizes s{x.size(0), input_ptr.numel() - 1, path_ptr.numel() - 1, output_ptr.numel() - 1,
           values.numel(), group_outputs.numel(), padded(x.size(0))};
-  TORCH_CHECK(x.size(1) == s.inputs, kWho, ": x must be [B, I] with I = ", s.inputs,
-              " (index.input_ptr has I + 1 entries), got ", x.sizes());
+  TORCH_CHECK(x.size(1) + ones == s.inputs, kWho, ": x must be [B, I", ones ? " - 1" : "",
+              "] with I = ", s.inputs, " (index.input_ptr has I + 1 entries), got ", x.sizes());
   TORCH_CHECK(act.size(0) == s.batch && act.size(1) == s.paths, kWho, ": act must be [",
               s.batch, ", ", s.paths, "] (B from x, P from index.path_ptr), got ", act.sizes());
   for (const auto* k : {&inputs, &input_entries, &entry_groups})
@@ -162,6 +163,31 @@ at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
   return out;
 }
 
+// xt [I, ld] for x [B, I - 1] and the constant 1 as input I - 1: x's rows transposed as by
+// `transposed`, the last row ones for b < B and zeros past B (sparse_forward_ones).
+at::Tensor transposed_ones(const at::Tensor& x, const Sizes& s) {
+  const int64_t n = x.size(1);
+  const auto acc = accumulation(x.scalar_type());
+  at::Tensor out = at::empty({n + 1, s.ld}, x.options().dtype(acc));
+  const bool direct = x.scalar_type() == acc && x.is_contiguous();
+  auto fill = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    if (direct) glai_cpu::sparse::kernels<T>().transpose(x.const_data_ptr<T>(), o, s.batch, n,
+                                                         s.ld);
+    for (int64_t b = 0; b < s.ld; ++b) o[n * s.ld + b] = b < s.batch ? T(1) : T(0);
+  };
+  if (acc == at::kDouble)
+    fill(out.mutable_data_ptr<double>());
+  else
+    fill(out.mutable_data_ptr<float>());
+  if (!direct) {
+    at::Tensor rows = out.narrow(0, 0, n);
+    if (s.ld > s.batch) rows.narrow(1, s.batch, s.ld - s.batch).zero_();
+    rows.narrow(1, 0, s.batch).copy_(x.t());
+  }
+  return out;
+}
+
 // Runs fn(begin, end) over chunks of [0, n) on up to torch's intra-op thread count (fewer
 // for small work), chunks taken one at a time from the task pool's shared counter, which never
 // waits for a helper that has not started (task_pool.h). Returns whether any chunk was bad.
@@ -216,10 +242,10 @@ bool forward_kernel(const glai_cpu::sparse::Problem<T>& p, at::Tensor* y, at::Te
 }
 
 template <typename T>
-void forward_typed(const Sizes& s, const at::Tensor& x, const at::Tensor& act,
+void forward_typed(const Sizes& s, const at::Tensor& xt, const at::Tensor& act,
                    const at::Tensor& values, const std::vector<at::Tensor>& index, at::Tensor& y,
                    at::Tensor* zg) {
-  const at::Tensor xt = transposed(x, s), actt = transposed(act, s);
+  const at::Tensor actt = transposed(act, s);
   const at::Tensor v = values.to(y.scalar_type()).contiguous();
   const auto p = problem<T>(s, xt, actt, at::Tensor(), v, index);
   check_index_contents(forward_kernel<T>(p, &y, zg), "sparse_forward");
@@ -237,21 +263,47 @@ std::tuple<at::Tensor, at::Tensor> sparse_forward_cpu(const at::Tensor& x,
   at::Tensor zg = at::empty({save ? s.groups : 0, save ? s.ld : 0}, acc);
   if (s.batch > 0) {
     if (x.scalar_type() == at::kDouble) {
-      forward_typed<double>(s, x, act, values, index, y, save ? &zg : nullptr);
+      forward_typed<double>(s, transposed(x, s), act, values, index, y, save ? &zg : nullptr);
     } else {
-      forward_typed<float>(s, x, act, values, index, y, save ? &zg : nullptr);
+      forward_typed<float>(s, transposed(x, s), act, values, index, y, save ? &zg : nullptr);
     }
   }
   return {y.to(x.scalar_type()), zg};
+}
+
+// sparse_forward for x [B, I - 1] whose index's last input is the constant 1 (a GLAI head's):
+// (y, Zg^T or empty, xt [I, ld] with the ones row), xt for sparse_backward_xt. The eager node
+// builds no x with a column of ones (docs/notes/pipeline.md, "The constant-1 row written by the
+// transpose, x^T kept for the backward (issue 41, stop 50)").
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_forward_ones_cpu(
+    const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
+    at::TensorList index_list, bool save) {
+  const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
+  const Sizes s = check(x, act, values, index, true);
+  const auto acc = x.options().dtype(accumulation(x.scalar_type()));
+  at::Tensor y = at::empty({s.batch, s.outputs}, acc);
+  at::Tensor zg = at::empty({save ? s.groups : 0, save ? s.ld : 0}, acc);
+  const at::Tensor xt = transposed_ones(x, s);
+  if (s.batch > 0) {
+    if (x.scalar_type() == at::kDouble) {
+      forward_typed<double>(s, xt, act, values, index, y, save ? &zg : nullptr);
+    } else {
+      forward_typed<float>(s, xt, act, values, index, y, save ? &zg : nullptr);
+    }
+  }
+  return {y.to(x.scalar_type()), zg, xt};
 }
 
 template <typename T>
 void backward_typed(const Sizes& s, const at::Tensor& dy, const at::Tensor& x,
                     const at::Tensor& act, const at::Tensor& values,
                     const std::vector<at::Tensor>& index, const at::Tensor& saved,
-                    at::Tensor& dx, at::Tensor& dact, at::Tensor& dv) {
+                    at::Tensor& dx, at::Tensor& dact, at::Tensor& dv,
+                    const at::Tensor& kept_xt = at::Tensor()) {
   const bool recompute = dact.defined() && !saved.defined();
-  const at::Tensor xt = (dv.defined() || recompute) ? transposed(x, s) : at::Tensor();
+  const at::Tensor xt = kept_xt.defined()                    ? kept_xt
+                        : (dv.defined() || recompute) ? transposed(x, s)
+                                                      : at::Tensor();
   const at::Tensor actt = transposed(act, s), dyt = transposed(dy, s);
   const at::Tensor v = values.to(actt.scalar_type()).contiguous();
   const auto p = problem<T>(s, xt, actt, dyt, v, index);
@@ -282,14 +334,22 @@ void backward_typed(const Sizes& s, const at::Tensor& dy, const at::Tensor& x,
   check_index_contents(bad, "sparse_backward");
 }
 
+// `kept_xt` (sparse_backward_xt): the forward's xt [I, ld] with its ones row, x [B, I - 1]
+// (checked against x and the index; dx comes back without the ones column).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
     at::TensorList index_list, const at::Tensor& saved_in, bool need_x, bool need_act,
-    bool need_values) {
+    bool need_values, const at::Tensor& kept_xt = at::Tensor()) {
   const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
-  const Sizes s = check(x, act, values, index);
+  const bool ones = kept_xt.defined();
+  const Sizes s = check(x, act, values, index, ones);
   check_dy(dy, x, s);
   const auto acc = accumulation(x.scalar_type());
+  if (ones)
+    TORCH_CHECK(kept_xt.dim() == 2 && kept_xt.size(0) == s.inputs && kept_xt.size(1) == s.ld &&
+                    kept_xt.scalar_type() == acc && kept_xt.is_cpu() && kept_xt.is_contiguous(),
+                kWho, ": xt must be the forward's contiguous [I, ld] = [", s.inputs, ", ", s.ld,
+                "] of dtype ", acc, ", got ", kept_xt.scalar_type(), " ", kept_xt.sizes());
   at::Tensor saved;
   if (saved_in.numel() > 0 && need_act) {
     TORCH_CHECK(saved_in.dim() == 2 && saved_in.size(0) == s.groups && saved_in.size(1) == s.ld,
@@ -311,11 +371,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu(
   at::Tensor dv = grad(need_values, {s.nnz});
   if (s.batch > 0 && (need_x || need_act || need_values)) {
     if (acc == at::kDouble) {
-      backward_typed<double>(s, dy, x, act, values, index, saved, dx, dact, dv);
+      backward_typed<double>(s, dy, x, act, values, index, saved, dx, dact, dv, kept_xt);
     } else {
-      backward_typed<float>(s, dy, x, act, values, index, saved, dx, dact, dv);
+      backward_typed<float>(s, dy, x, act, values, index, saved, dx, dact, dv, kept_xt);
     }
   }
+  if (ones && dx.defined()) dx = dx.narrow(1, 0, s.inputs - 1).contiguous();
   auto result = [&](const at::Tensor& t) {
     return t.defined() ? t.to(x.scalar_type()) : at::empty({0}, x.options());
   };
@@ -329,6 +390,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu_needs(
               needs.size(), " entries");
   return sparse_backward_cpu(dy, x, act, values, index, saved, needs.get(0), needs.get(1),
                              needs.get(2));
+}
+
+// sparse_backward from the xt that sparse_forward_ones kept, for x [B, I - 1] (the checks):
+// dx [B, I - 1] (the ones column has no gradient), dact, dvalues.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_xt_cpu(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& xt, const at::Tensor& act,
+    const at::Tensor& values, at::TensorList index, const at::Tensor& saved,
+    c10::List<bool> needs) {
+  TORCH_CHECK(needs.size() == 3, kWho, ": needs must be [need_x, need_act, need_values], got ",
+              needs.size(), " entries");
+  TORCH_CHECK(xt.defined(), kWho, ": xt must be the forward's [I, ld]");
+  return sparse_backward_cpu(dy, x, act, values, index, saved, needs.get(0), needs.get(1),
+                             needs.get(2), xt);
 }
 
 // dvalues then Adam over groups of about this many entries at a time, so that each chunk's
@@ -498,6 +572,8 @@ TORCH_LIBRARY_FRAGMENT(glai_ext, m) { m.impl("sparse_min_work", &sparse_min_work
 TORCH_LIBRARY_IMPL(glai_ext, CPU, m) {
   m.impl("sparse_forward", &sparse_forward_cpu);
   m.impl("sparse_backward", &sparse_backward_cpu_needs);
+  m.impl("sparse_forward_ones", &sparse_forward_ones_cpu);
+  m.impl("sparse_backward_xt", &sparse_backward_xt_cpu);
   m.impl("sparse_dvalues_adam", &sparse_dvalues_adam_cpu);
   m.impl("bias_adam", &bias_adam_cpu);
 }

@@ -58,11 +58,16 @@ def saved_groups_shape(shape: SparseShape) -> tuple[int, int]:
 
 
 def cpp_sparse_eager(x: torch.Tensor, act: torch.Tensor, values: torch.Tensor,
-                     bias: torch.Tensor | None, save: bool, index: KeptIndex) -> torch.Tensor:
+                     bias: torch.Tensor | None, save: bool, index: KeptIndex,
+                     ones: bool = False) -> torch.Tensor:
     """y [B, O] recorded by autograd as one C++ node (csrc/cpu/sparse_eager_autograd.cpp): the
     sparse op's `eager` (glai_kernels/calls.py, `record`), the Backend's EagerFn with the
-    index after `save`."""
-    return extension.run_sparse_eager(x, act, values, bias, save, index, "cpp")
+    index after `save`; `ones`: x lacks the constant-1 last input, which the node supplies
+    (sparse/op.py, `run_resolved`)."""
+    return extension.run_sparse_eager(x, act, values, bias, save, index, "cpp", ones)
+
+
+cpp_sparse_eager.supplies_ones = True  # type: ignore[attr-defined]  (sparse/op.py reads it)
 
 
 def cpp_auto_priority() -> dict[str, int]:
