@@ -331,10 +331,11 @@ class Registry:
         availability and the dispatch tables (each of which clears the answers when it
         changes): the name asked for, $GLAI_BACKEND's value when none is, the device, the
         dtype, and for "auto" with a call shape that shape and the thread count whose table
-        it reads (and the current CUDA device). Resolving inside an op costs ≈ 3 µs alone and
-        ≈ 12 µs of an A2 training step, an answer kept ≈ 1 (docs/notes/pipeline.md, "The
-        ordinary GLAI step, fourth pass: what the head's forward asks every step (issue 41,
-        stop 50)"). None under torch.compile, which traces the resolution itself."""
+        it reads (and the current CUDA device). With the default backend, resolving inside an op
+        cost ≈ 3 µs alone and ≈ 12 µs of an A2 training step, an answer kept ≈ 1; with a
+        backend named, ≈ 2.5 µs of the step (docs/notes/pipeline.md, "The ordinary GLAI step,
+        fourth pass: what the head's forward asks every step (issue 41, stop 50)"). None under
+        torch.compile, which traces the resolution itself."""
         if torch.compiler.is_compiling():
             return None
         where = 0
