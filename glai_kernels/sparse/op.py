@@ -177,14 +177,17 @@ def run_resolved(x: torch.Tensor, act: torch.Tensor, sw: SparsePathWeight,
     (docs/notes/pipeline.md, "The constant-1 row written by the transpose, x^T kept for the
     backward (issue 41, stop 50)").
     """
-    y = _remembered_call(x, act, sw, bias, impl, backend, ones)
+    if ones:
+        # a backend resolved already whose eager node cannot supply the ones (any but `cpp`)
+        # gets x padded at once: one remembered-call attempt, not two
+        if impl is None or getattr(impl.eager, "supplies_ones", False):
+            y = _remembered_call(x, act, sw, bias, impl, backend, True)
+            if y is not None:
+                return y
+        x = torch.constant_pad_nd(x, (0, 1), 1.0)
+    y = _remembered_call(x, act, sw, bias, impl, backend)
     if y is not None:
         return y
-    if ones:
-        x = torch.constant_pad_nd(x, (0, 1), 1.0)
-        y = _remembered_call(x, act, sw, bias, impl, backend)
-        if y is not None:
-            return y
     index, values = sw.index, sw.values
     dtype = autocast_dtype(x.device.type) if isinstance(x, torch.Tensor) else None
     if dtype is not None:

@@ -30,6 +30,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <tuple>
@@ -141,40 +142,23 @@ void check_dy(const at::Tensor& dy, const at::Tensor& x, const Sizes& s) {
               dy.scalar_type(), " on ", dy.device());
 }
 
-// t [B, n] as [n, ld] in the accumulation dtype, the padding columns zero.
-at::Tensor transposed(const at::Tensor& t, const Sizes& s) {
+// t [B, n] as [n, ld] in the accumulation dtype, the padding columns zero. `ones`: one row
+// more, [n + 1, ld], the last the constant-1 input (ones for b < B, zeros past B:
+// sparse_forward_ones).
+at::Tensor transposed(const at::Tensor& t, const Sizes& s, bool ones = false) {
   const int64_t n = t.size(1);
   const auto acc = accumulation(t.scalar_type());
-  at::Tensor out = at::empty({n, s.ld}, t.options().dtype(acc));
-  if (t.scalar_type() == acc && t.is_contiguous()) {
-    // the kernels' vector blocks: torch's strided copy_ took ≈ 17 µs for B1's x [16, 1281],
-    // and a training step transposes x twice, act twice and dy once (docs/notes/sparse.md,
-    // "Training step ≤ MLP", second pass)
-    if (acc == at::kDouble)
-      glai_cpu::sparse::kernels<double>().transpose(
-          t.const_data_ptr<double>(), out.mutable_data_ptr<double>(), s.batch, n, s.ld);
-    else
-      glai_cpu::sparse::kernels<float>().transpose(
-          t.const_data_ptr<float>(), out.mutable_data_ptr<float>(), s.batch, n, s.ld);
-    return out;
-  }
-  if (s.ld > s.batch) out.narrow(1, s.batch, s.ld - s.batch).zero_();
-  out.narrow(1, 0, s.batch).copy_(t.t());
-  return out;
-}
-
-// xt [I, ld] for x [B, I - 1] and the constant 1 as input I - 1: x's rows transposed as by
-// `transposed`, the last row ones for b < B and zeros past B (sparse_forward_ones).
-at::Tensor transposed_ones(const at::Tensor& x, const Sizes& s) {
-  const int64_t n = x.size(1);
-  const auto acc = accumulation(x.scalar_type());
-  at::Tensor out = at::empty({n + 1, s.ld}, x.options().dtype(acc));
-  const bool direct = x.scalar_type() == acc && x.is_contiguous();
+  at::Tensor out = at::empty({n + ones, s.ld}, t.options().dtype(acc));
+  // the kernels' vector blocks: torch's strided copy_ took ≈ 17 µs for B1's x [16, 1281],
+  // and a training step transposes x twice, act twice and dy once (docs/notes/sparse.md,
+  // "Training step ≤ MLP", second pass)
+  const bool direct = t.scalar_type() == acc && t.is_contiguous();
   auto fill = [&](auto* o) {
     using T = std::remove_pointer_t<decltype(o)>;
-    if (direct) glai_cpu::sparse::kernels<T>().transpose(x.const_data_ptr<T>(), o, s.batch, n,
-                                                         s.ld);
-    for (int64_t b = 0; b < s.ld; ++b) o[n * s.ld + b] = b < s.batch ? T(1) : T(0);
+    if (direct)
+      glai_cpu::sparse::kernels<T>().transpose(t.const_data_ptr<T>(), o, s.batch, n, s.ld);
+    if (ones)
+      for (int64_t b = 0; b < s.ld; ++b) o[n * s.ld + b] = b < s.batch ? T(1) : T(0);
   };
   if (acc == at::kDouble)
     fill(out.mutable_data_ptr<double>());
@@ -183,7 +167,7 @@ at::Tensor transposed_ones(const at::Tensor& x, const Sizes& s) {
   if (!direct) {
     at::Tensor rows = out.narrow(0, 0, n);
     if (s.ld > s.batch) rows.narrow(1, s.batch, s.ld - s.batch).zero_();
-    rows.narrow(1, 0, s.batch).copy_(x.t());
+    rows.narrow(1, 0, s.batch).copy_(t.t());
   }
   return out;
 }
@@ -251,39 +235,20 @@ void forward_typed(const Sizes& s, const at::Tensor& xt, const at::Tensor& act,
   check_index_contents(forward_kernel<T>(p, &y, zg), "sparse_forward");
 }
 
-std::tuple<at::Tensor, at::Tensor> sparse_forward_cpu(const at::Tensor& x,
-                                                      const at::Tensor& act,
-                                                      const at::Tensor& values,
-                                                      at::TensorList index_list, bool save) {
+// (y, Zg^T or empty, xt); `ones`: x is [B, I - 1], the index's last input being the constant 1
+// (a GLAI head's), and xt [I, ld] carries it as its last row.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x,
+                                                           const at::Tensor& act,
+                                                           const at::Tensor& values,
+                                                           at::TensorList index_list, bool save,
+                                                           bool ones) {
   const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
-  const Sizes s = check(x, act, values, index);
+  const Sizes s = check(x, act, values, index, ones);
   const auto acc = x.options().dtype(accumulation(x.scalar_type()));
   // the kernel writes every element of both (the index checks make its ranges a partition)
   at::Tensor y = at::empty({s.batch, s.outputs}, acc);
   at::Tensor zg = at::empty({save ? s.groups : 0, save ? s.ld : 0}, acc);
-  if (s.batch > 0) {
-    if (x.scalar_type() == at::kDouble) {
-      forward_typed<double>(s, transposed(x, s), act, values, index, y, save ? &zg : nullptr);
-    } else {
-      forward_typed<float>(s, transposed(x, s), act, values, index, y, save ? &zg : nullptr);
-    }
-  }
-  return {y.to(x.scalar_type()), zg};
-}
-
-// sparse_forward for x [B, I - 1] whose index's last input is the constant 1 (a GLAI head's):
-// (y, Zg^T or empty, xt [I, ld] with the ones row), xt for sparse_backward_xt. The eager node
-// builds no x with a column of ones (docs/notes/pipeline.md, "The constant-1 row written by the
-// transpose, x^T kept for the backward (issue 41, stop 50)").
-std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_forward_ones_cpu(
-    const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
-    at::TensorList index_list, bool save) {
-  const std::vector<at::Tensor> index(index_list.begin(), index_list.end());
-  const Sizes s = check(x, act, values, index, true);
-  const auto acc = x.options().dtype(accumulation(x.scalar_type()));
-  at::Tensor y = at::empty({s.batch, s.outputs}, acc);
-  at::Tensor zg = at::empty({save ? s.groups : 0, save ? s.ld : 0}, acc);
-  const at::Tensor xt = transposed_ones(x, s);
+  const at::Tensor xt = transposed(x, s, ones);
   if (s.batch > 0) {
     if (x.scalar_type() == at::kDouble) {
       forward_typed<double>(s, xt, act, values, index, y, save ? &zg : nullptr);
@@ -292,6 +257,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_forward_ones_cpu(
     }
   }
   return {y.to(x.scalar_type()), zg, xt};
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_forward_cpu(const at::Tensor& x,
+                                                      const at::Tensor& act,
+                                                      const at::Tensor& values,
+                                                      at::TensorList index, bool save) {
+  auto [y, zg, xt] = forward_cpu(x, act, values, index, save, false);
+  return {y, zg};
+}
+
+// sparse_forward for x [B, I - 1] whose index's last input is the constant 1 (a GLAI head's):
+// (y, Zg^T or empty, xt [I, ld] with the ones row), xt for sparse_backward_xt. The eager node
+// builds no x with a column of ones (docs/notes/pipeline.md, "The constant-1 row written by the
+// transpose, x^T kept for the backward (issue 41, stop 50)").
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_forward_ones_cpu(
+    const at::Tensor& x, const at::Tensor& act, const at::Tensor& values, at::TensorList index,
+    bool save) {
+  return forward_cpu(x, act, values, index, save, true);
 }
 
 template <typename T>
@@ -383,13 +366,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu(
   return {result(dx), result(dact), result(dv)};
 }
 
+// The ops' `needs` list, checked: [need_x, need_act, need_values].
+std::array<bool, 3> needs_of(const c10::List<bool>& needs) {
+  TORCH_CHECK(needs.size() == 3, kWho, ": needs must be [need_x, need_act, need_values], got ",
+              needs.size(), " entries");
+  return {needs.get(0), needs.get(1), needs.get(2)};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_cpu_needs(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& act, const at::Tensor& values,
     at::TensorList index, const at::Tensor& saved, c10::List<bool> needs) {
-  TORCH_CHECK(needs.size() == 3, kWho, ": needs must be [need_x, need_act, need_values], got ",
-              needs.size(), " entries");
-  return sparse_backward_cpu(dy, x, act, values, index, saved, needs.get(0), needs.get(1),
-                             needs.get(2));
+  const auto [need_x, need_act, need_values] = needs_of(needs);
+  return sparse_backward_cpu(dy, x, act, values, index, saved, need_x, need_act, need_values);
 }
 
 // sparse_backward from the xt that sparse_forward_ones kept, for x [B, I - 1] (the checks):
@@ -398,11 +386,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_backward_xt_cpu(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& xt, const at::Tensor& act,
     const at::Tensor& values, at::TensorList index, const at::Tensor& saved,
     c10::List<bool> needs) {
-  TORCH_CHECK(needs.size() == 3, kWho, ": needs must be [need_x, need_act, need_values], got ",
-              needs.size(), " entries");
-  TORCH_CHECK(xt.defined(), kWho, ": xt must be the forward's [I, ld]");
-  return sparse_backward_cpu(dy, x, act, values, index, saved, needs.get(0), needs.get(1),
-                             needs.get(2), xt);
+  const auto [need_x, need_act, need_values] = needs_of(needs);
+  return sparse_backward_cpu(dy, x, act, values, index, saved, need_x, need_act, need_values,
+                             xt);
 }
 
 // dvalues then Adam over groups of about this many entries at a time, so that each chunk's
