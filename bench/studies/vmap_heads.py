@@ -4,6 +4,7 @@
     glai-bench vmap-heads [--head A1] [--batch 16] [--heads 8] [--backend cpp] [--rounds 15]
                           [--min-time 3] [--repeats 3] [--seed 0] [--threads N]
                           [--clock wall|thread] [--passes forward|both|all] [--profile]
+                          [--overhead]
 
 Issue 43's last target: `torch.func.vmap` over N stacked GLAIEstimator heads (as
 `torch.func.stack_module_state` builds them, `functional_call` under `vmap(in_dims=(0, 0,
@@ -28,6 +29,13 @@ run. Timed interleaved in one process (bench/harness/timing.py), float32, seeded
   Function at the grad level, one glai_ext call each way on the folded operands, none of the
   op's checks or Python): what torch.func's own part of the call costs against the loop.
 
+`--overhead` (on `cpp`) then times the forward contenders once more with the kernel stood in
+by zeros of its result's shape (`stand_in_kernel`): all their Python, none of the kernel's
+work, warm (calls back to back) and cold (each call after an untimed read of as many bytes as
+the stacked weight, as a real call's weight stream leaves the caches), with each one's excess
+over `folded`: what torch.func adds around the one call set against what the loop's extra
+calls add.
+
 Where the weights sit moves these calls as much as the rule does (docs/notes/cpu-kernels.md,
 "vmap over stacked heads, fifth pass: where the weights sit (issue 43, stop 49)"): the same
 folded call on two copies of one weight differs by a few percent either way, and a call right
@@ -51,6 +59,7 @@ stacked weight would show as aten::copy_ or aten::clone of its size).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import cProfile
 import io
@@ -80,7 +89,7 @@ from torch.func import functional_call, grad, stack_module_state, vjp, vmap
 
 from bench.cli_types import non_negative_int, positive_float, positive_int
 from bench.harness.timing import time_interleaved, warm
-from glai_kernels import GLAIEstimator, estimator
+from glai_kernels import GLAIEstimator, estimator, extension
 from glai_kernels.paper_heads import PAPER_HEADS
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
@@ -319,6 +328,113 @@ def same_bits(e: Ensemble) -> dict[str, bool]:
     return same
 
 
+@contextlib.contextmanager
+def stand_in_kernel():
+    """The `cpp` forward kernel (extension.run_forward) replaced by zeros of its result's shape
+    while the block runs: every contender then runs all its Python (torch.func's, the module's,
+    the op's) and no kernel work."""
+    real = extension.run_forward
+
+    def zeros(x, act, weight, save):
+        return x.new_zeros(x.shape[0], weight.shape[0]), x.new_empty(0)
+
+    extension.run_forward = zeros
+    try:
+        yield
+    finally:
+        extension.run_forward = real
+
+
+@contextlib.contextmanager
+def op_clock(clock: Callable[[], float], spent: list):
+    """While the block runs, every call of the op `estimator` (the heads' through
+    glai_kernels.module, the op-level contenders' and `folded`'s through this module) adds
+    its own time to spent[0] while spent[1] is true: the op's part of a contender, the rest
+    being the module's and torch.func's. With spent[1] false the calls are not clocked (a
+    thread clock read is a system call, ≈ 1 µs, which would weigh on the loop's eight)."""
+    import glai_kernels.module as module_of_heads
+
+    real = module_of_heads.estimator
+
+    def clocked(*args, **kwargs):
+        if not spent[1]:
+            return real(*args, **kwargs)
+        start = clock()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[0] += clock() - start
+
+    module_of_heads.estimator = clocked
+    globals()["estimator"] = clocked
+    try:
+        yield
+    finally:
+        module_of_heads.estimator = real
+        globals()["estimator"] = real
+
+
+def overhead(e: Ensemble, rounds: int, calls: int,
+             clock: Callable[[], float]) -> dict[str, tuple[float, float, float, float]]:
+    """{forward contender: (warm µs, the op's part of it, cold µs, the op's part of it)} a
+    call with the kernel stood in (`cpp` only): warm, `calls` calls back to back; cold, each
+    call after an untimed read of as many bytes as the stacked weight, which leaves the caches
+    as a real call's weight stream leaves them for the next. Medians over `rounds`
+    interleaved rounds."""
+    if e.backend != "cpp":
+        raise ValueError(f"the kernel stand-in replaces the cpp kernel; backend {e.backend!r} "
+                         "would still run its own")
+    fns = forward_calls(e)
+    flush = torch.ones(e.weight.numel())
+    samples: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in fns}
+    spent = [0.0, False]
+
+    def run(fn: Callable[[], object], flushed: bool, op_part: bool) -> float:
+        """One contender's µs a call (or its op's part), warm or each call cold."""
+        spent[0], spent[1] = 0.0, op_part
+        total = 0.0
+        for _ in range(calls):
+            if flushed:
+                flush.sum()
+            start = clock()
+            fn()
+            total += clock() - start
+        spent[1] = False
+        return (spent[0] if op_part else total) / calls
+
+    with stand_in_kernel(), op_clock(clock, spent):
+        expected = e.bias.detach().expand(e.x.shape[0], -1)  # y = 0 + bias
+        if not torch.equal(fns["folded"](), expected):
+            raise RuntimeError("the kernel stand-in did not replace the folded call's kernel")
+        for fn in fns.values():
+            fn()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                for k, (flushed, op_part) in enumerate(
+                        ((False, False), (False, True), (True, False), (True, True))):
+                    samples[name][k].append(run(fn, flushed, op_part))
+    return {name: tuple(statistics.median(x) * 1e6 for x in lists)
+            for name, lists in samples.items()}
+
+
+def report_overhead(runs: list[dict[str, tuple[float, float, float, float]]],
+                    flush_mb: float) -> None:
+    """Each repeat's warm and cold µs a call with the op's part of each, and each contender's
+    excess over `folded` (one op call, no module, no torch.func)."""
+    print("\nforward's Python with the kernel stood in (zeros; `cpp`), µs a call (the op's "
+          "part in brackets: `estimator`'s own calls, the rest the module's and torch.func's), "
+          f"warm (calls back to back) / cold (each after a {flush_mb:.0f} MB read, as a real "
+          "call's weight stream leaves the caches)")
+    for i, t in enumerate(runs, 1):
+        cells = "  ".join(f"{name} {w:.1f} [{wo:.1f}] / {c:.1f} [{co:.1f}]"
+                          for name, (w, wo, c, co) in t.items())
+        folded = t["folded"]
+        beyond = "  ".join(f"{name} {w - folded[0]:.1f} / {c - folded[2]:.1f}"
+                           for name, (w, _, c, _) in t.items() if name != "folded")
+        print(f"  repeat {i} (ensemble {i}): {cells}")
+        print(f"    beyond folded: {beyond}")
+
+
 def timed(fns: dict[str, Callable[[], object]], rounds: int, min_time_s: float,
           clock: Callable[[], float]) -> dict[str, tuple[float, float]]:
     """{name: (median µs, interquartile range µs)}, timed interleaved."""
@@ -394,7 +510,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="forward, forward+backward (both), or all (default)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile the vmapped calls and the folded call")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also time the forward contenders with the kernel stood in "
+                             "(`cpp` only): their Python alone, warm and after a cache flush")
     args = parser.parse_args(argv)
+    if args.overhead and args.backend != "cpp":
+        parser.error("--overhead stands in for the cpp kernel: it needs --backend cpp")
     if args.threads:
         torch.set_num_threads(args.threads)
     s = PAPER_HEADS[args.head].shape(args.batch)
@@ -407,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     titles = {"forward": ("forward", forward_calls), "both": ("forward+backward", training_calls)}
     chosen = list(titles) if args.passes == "all" else [args.passes]
     runs: dict[str, list] = {key: [] for key in chosen}
+    overheads: list[dict[str, tuple[float, float]]] = []
     e = None
     for r in range(args.repeats):
         del e  # the last ensemble's memory goes back before the next one's is taken
@@ -416,8 +538,12 @@ def main(argv: list[str] | None = None) -> int:
         for key in chosen:
             runs[key].append(timed(titles[key][1](e), args.rounds, args.min_time,
                                    CLOCKS[args.clock]))
+        if args.overhead:
+            overheads.append(overhead(e, args.rounds, 20, CLOCKS[args.clock]))
     for key in chosen:
         report(titles[key][0], runs[key])
+    if args.overhead:
+        report_overhead(overheads, e.weight.numel() * 4 / 2**20)
     if args.profile:
         for key in chosen:
             title, fns = titles[key][0], titles[key][1](e)

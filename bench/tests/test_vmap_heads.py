@@ -73,3 +73,39 @@ def test_the_header_says_how_tensors_are_allocated(monkeypatch):
     assert "4 KB pages" in vmap_heads.allocation()
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
     assert "2 MB pages" in vmap_heads.allocation()
+
+
+def test_overhead_times_every_forward_contender_without_the_kernel(cpp, monkeypatch):
+    """`--overhead`: each forward contender's Python alone, warm and cold, with the cpp kernel
+    stood in by zeros (y = bias), and the real kernel back afterwards, even on an error."""
+    import contextlib
+    import time
+
+    import glai_kernels.module
+
+    e = vmap_heads.ensemble("A1", 3, 2, "cpp", seed=1)
+    real, op = extension.run_forward, vmap_heads.estimator
+    result = vmap_heads.overhead(e, rounds=1, calls=2, clock=time.perf_counter)
+    assert extension.run_forward is real
+    assert vmap_heads.estimator is op and glai_kernels.module.estimator is op
+    assert set(result) == set(vmap_heads.forward_calls(e))
+    # each contender's op part is inside its total, and every contender calls the op
+    assert all(0 < wo <= w < 1e6 and 0 < co <= c < 1e6 for w, wo, c, co in result.values())
+    with vmap_heads.stand_in_kernel():
+        y = vmap_heads.forward_calls(e)["vmap"]()
+    assert torch.equal(y, e.params["bias"].detach()[:, None, :].expand(2, 3, -1))
+    assert extension.run_forward is real
+    # a stand-in that replaced nothing is refused, not timed as Python alone
+    monkeypatch.setattr(vmap_heads, "stand_in_kernel", contextlib.nullcontext)
+    with pytest.raises(RuntimeError, match="did not replace"):
+        vmap_heads.overhead(e, rounds=1, calls=1, clock=time.perf_counter)
+
+
+def test_overhead_needs_the_cpp_backend(capsys):
+    with pytest.raises(SystemExit) as stop:
+        vmap_heads.main(["--overhead", "--backend", "torch", "--heads", "2", "--batch", "3"])
+    assert stop.value.code == 2
+    assert "--overhead stands in for the cpp kernel" in capsys.readouterr().err
+    e = vmap_heads.ensemble("A1", 3, 2, "torch", seed=1)
+    with pytest.raises(ValueError, match="backend 'torch'"):
+        vmap_heads.overhead(e, rounds=1, calls=1, clock=lambda: 0.0)
