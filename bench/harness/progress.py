@@ -8,11 +8,17 @@ says nothing before the first item ends or while one long item runs. So each ite
 predicted relative cost (`bench.harness.suite.case_cost`, `bench.pipeline.runner.unit_cost`),
 and the time left is
 
-    left = max(total cost × rate − elapsed,  cost not yet started × rate)
+    left = max(total cost × rate − elapsed,  cost not yet started × rate,
+               the longest a running item still takes alone)
 
 with `rate` the seconds per unit of cost measured over the items finished so far (the
-preset's prior, `prior_s_per_cost`, before the first ends; none: "estimating"). A thread
-redraws the bar every `tick_s` seconds, so the estimate counts down during a long item.
+preset's prior, `prior_s_per_cost`, before the first ends; none: "estimating"). Items run
+one at a time unless `jobs` > 1 (the pipeline's units in processes): then the rate is the
+finished items' own durations over their cost, divided by `jobs`, since the wall time at
+which the first ends also paid for the items still running beside it (measured by the
+elapsed time alone, the first-run pipeline's estimate after its first unit was 2.3× the time
+left; docs/notes/benchmarks.md, "The bars' estimates on a quiet first run (stop 51)"). A
+thread redraws the bar every `tick_s` seconds, so the estimate counts down during a long item.
 
 `Phases` times the named phases of a run and prints them with the total (`lines`).
 """
@@ -51,17 +57,25 @@ def format_eta(seconds: float | None) -> str:
 
 
 def time_left(total_cost: float, done_cost: float, started_cost: float, elapsed_s: float,
-              done_elapsed_s: float, prior_s_per_cost: float | None = None) -> float | None:
+              done_elapsed_s: float, prior_s_per_cost: float | None = None, *,
+              jobs: int = 1, done_item_s: float | None = None,
+              running: tuple[tuple[float, float], ...] = ()) -> float | None:
     """Seconds left of a run of `total_cost` (module docstring): `done_cost` finished,
     `started_cost` begun (finished or running), `elapsed_s` since the start, `done_elapsed_s`
-    the elapsed time when the last item finished. None when there is no rate yet."""
-    if done_cost > 0 and done_elapsed_s > 0:
+    the elapsed time when the last item finished. With `jobs` > 1 items at once,
+    `done_item_s` is the finished items' own durations summed (None: not all known) and
+    `running` the (cost, seconds since it began) of each item running. None when there is
+    no rate yet."""
+    if done_cost > 0 and jobs > 1 and done_item_s is not None and done_item_s > 0:
+        rate = done_item_s / done_cost / jobs
+    elif done_cost > 0 and done_elapsed_s > 0:
         rate = done_elapsed_s / done_cost
     elif prior_s_per_cost is not None:
         rate = prior_s_per_cost
     else:
         return None
-    return max(total_cost * rate - elapsed_s, (total_cost - started_cost) * rate, 0.0)
+    alone = max((cost * rate * jobs - age for cost, age in running), default=0.0)
+    return max(total_cost * rate - elapsed_s, (total_cost - started_cost) * rate, alone, 0.0)
 
 
 class EtaBar:
@@ -70,22 +84,28 @@ class EtaBar:
     `costs`: {item key: predicted relative cost}, in the order the items start. `start(key,
     label)` when an item begins (the label follows the estimate), `finish(key)` when it ends
     (in any order: the pipeline's units end out of order). `update()` finishes the oldest
-    unfinished item, for callers that only count. Use as a context manager (the ticking
-    thread stops at exit)."""
+    unfinished item, for callers that only count. `jobs`: how many items run at once
+    (`prior_s_per_cost` is then the elapsed seconds per unit of cost at that concurrency).
+    Use as a context manager (the ticking thread stops at exit)."""
 
     def __init__(self, costs: Mapping[Hashable, float], *, desc: str, unit: str,
                  disable: bool = False, prior_s_per_cost: float | None = None,
                  tick_s: float = TICK_S, clock: Callable[[], float] = time.monotonic,
-                 file=None) -> None:
+                 file=None, jobs: int = 1) -> None:
         from tqdm.auto import tqdm
 
+        if jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {jobs!r}")
         self.costs = dict(costs)
         self.total_cost = float(sum(self.costs.values()))
         self.prior_s_per_cost = prior_s_per_cost
+        self.jobs = jobs
         self.clock = clock
         self.started_at = clock()
         self.done: set[Hashable] = set()
         self.started: set[Hashable] = set()
+        self.began: dict[Hashable, float] = {}  # the clock when each started item began
+        self.done_item_s: float | None = 0.0  # None once an item ended without a start
         self.done_elapsed_s = 0.0
         self.label = ""
         self._lock = threading.Lock()
@@ -106,10 +126,15 @@ class EtaBar:
     def seconds_left(self) -> float | None:
         """The estimate now (module docstring), or None before any rate is known."""
         with self._lock:
+            now = self.clock()
+            running = tuple((self.costs[k], now - t) for k, t in self.began.items()
+                            if k not in self.done)
             return time_left(self.total_cost, self._cost(self.done),
                              self._cost(self.started | self.done),
-                             self.clock() - self.started_at, self.done_elapsed_s,
-                             self.prior_s_per_cost)
+                             now - self.started_at, self.done_elapsed_s,
+                             self.prior_s_per_cost, jobs=self.jobs,
+                             done_item_s=self.done_item_s,
+                             running=running if self.jobs > 1 else ())
 
     def postfix(self) -> str:
         left = self.seconds_left()
@@ -132,6 +157,7 @@ class EtaBar:
         self._known(key)
         with self._lock:
             self.started.add(key)
+            self.began.setdefault(key, self.clock())
             self.label = label
         self._draw()
 
@@ -146,9 +172,14 @@ class EtaBar:
         with self._lock:
             if key in self.done:
                 raise ValueError(f"item {key!r} finished twice")
+            now = self.clock()
             self.done.add(key)
             self.started.add(key)
-            self.done_elapsed_s = self.clock() - self.started_at
+            self.done_elapsed_s = now - self.started_at
+            if key in self.began and self.done_item_s is not None:
+                self.done_item_s += now - self.began[key]
+            else:
+                self.done_item_s = None  # an item's own time unknown: the elapsed rate
         self.bar.update(1)
         self._draw()
 

@@ -251,6 +251,22 @@ def _prepare(ctx: Context, backend: str, spec: PassSpec, sets: list[Tensors], or
     return fn, warm
 
 
+def shape_groups(cases: Sequence[Case], cost: Callable[[Case], float] | None = None
+                 ) -> tuple[dict, dict, dict]:
+    """The cases grouped as the progress bar's items, one a (shape, dtype, μ): (the groups'
+    cases, each group's passes, each group's cost: `cost` of a Case with all its passes,
+    1.0 each when None)."""
+    groups: dict[tuple[Shape, str, float | None], list[Case]] = {}
+    for case in cases:
+        groups.setdefault((case.shape, case.dtype, case.mu), []).append(case)
+    passes_of = {key: tuple(dict.fromkeys(p for c in members for p in c.passes))
+                 for key, members in groups.items()}
+    costs = {key: 1.0 if cost is None else cost(dataclasses.replace(members[0],
+                                                                    passes=passes_of[key]))
+             for key, members in groups.items()}
+    return groups, passes_of, costs
+
+
 def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
               cost: Callable[[Case], float] | None = None,
               prior_s_per_cost: float | None = None,
@@ -264,14 +280,7 @@ def run_cases(ctx: Context, cases: list[Case], progress: bool = True,
     `on_group(rows so far)` is called after each shape (the suite writes them as it goes)."""
     from bench.harness.progress import EtaBar
 
-    groups: dict[tuple[Shape, str, float | None], list[Case]] = {}
-    for case in cases:
-        groups.setdefault((case.shape, case.dtype, case.mu), []).append(case)
-    passes_of = {key: tuple(dict.fromkeys(p for c in members for p in c.passes))
-                 for key, members in groups.items()}
-    costs = {key: 1.0 if cost is None else cost(dataclasses.replace(members[0],
-                                                                    passes=passes_of[key]))
-             for key, members in groups.items()}
+    groups, passes_of, costs = shape_groups(cases, cost)
     rows = []
     with EtaBar(costs, desc="bench", unit="shape", disable=not progress,
                 prior_s_per_cost=prior_s_per_cost) as bar:

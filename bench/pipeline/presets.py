@@ -69,9 +69,12 @@ PRESETS = {
                  probe_steps=16, compile_mlp=False),
         {"A": {"train": 4096, "val": 1024, "test": 256},
          "B": {"train": 4096, "val": 512, "test": 256}, "C": {"per_class": 20}},
-        # a fresh clone's first B1 unit: 512 s for 1.11e12 of unit_cost, two units at once at
-        # load 4-5 (docs/notes/benchmarks.md, "A first run in 15 minutes ..."); quiet is faster
-        seconds_per_cost=4.6e-10),
+        # a fresh clone's `nox -s bench` on a quiet 2-core AMD Zen 5: the twelve units, 4.38e12
+        # of unit_cost, in 275 s two at a time (docs/notes/benchmarks.md, "The bars' estimates
+        # on a quiet first run (stop 51)"; 4.6e-10, from a loaded run of older code, had the
+        # bar open at 16 min 47 s); a loaded machine is slower, and the measured rate takes
+        # over as units end
+        seconds_per_cost=1.26e-10),
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,

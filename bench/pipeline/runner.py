@@ -429,10 +429,10 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
     }
     # the bar's estimate of the time left weighs each unit by unit_cost (its prior: the
     # preset's measured seconds per unit of cost, scaled by the units run at once)
-    prior = (None if preset.seconds_per_cost is None
-             else preset.seconds_per_cost / min(jobs, len(units)))
+    at_once = max(1, min(jobs, len(units)))
+    prior = None if preset.seconds_per_cost is None else preset.seconds_per_cost / at_once
     with EtaBar({u: unit_cost(preset, u) for u in units}, desc=f"GLAI pipeline ({preset.name})",
-                unit="run", disable=not progress, prior_s_per_cost=prior) as bar:
+                unit="run", disable=not progress, prior_s_per_cost=prior, jobs=at_once) as bar:
         collector = _Collector(preset, out_dir, units, meta, bar, clock)
         if jobs > 1 or unit_time_limit_s is not None or clock is not None:
             _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,

@@ -138,6 +138,22 @@ def test_time_left_weighs_items_by_cost():
     assert time_left(4, 0, 1, 1.0, 0.0) is None
 
 
+def test_time_left_with_items_at_once_counts_each_items_own_time():
+    # two items of cost 1 began at t = 0, side by side; one ends at t = 2 (2 s of its own):
+    # 2 s an item, two at once, so 1 s of wall a unit of cost; 4 units, 2 s left at t = 2
+    assert time_left(4, 1, 3, 2.0, 2.0, jobs=2, done_item_s=2.0,
+                     running=((1.0, 2.0),)) == pytest.approx(2.0)
+    # the elapsed rate alone (one at a time, or an item's own time unknown) says 6
+    assert time_left(4, 1, 3, 2.0, 2.0) == pytest.approx(6.0)
+    assert time_left(4, 1, 3, 2.0, 2.0, jobs=2, done_item_s=None) == pytest.approx(6.0)
+    # a long item running alone bounds the estimate from below: cost 8 at 1 s an item-unit
+    assert time_left(10, 1, 9, 1.0, 1.0, jobs=2, done_item_s=1.0,
+                     running=((8.0, 0.0),)) == pytest.approx(8.0)
+    # before any item ends, the prior (already per the items at once): 4 × 0.5 − 1
+    assert time_left(4, 0, 2, 1.0, 0.0, prior_s_per_cost=0.5, jobs=2,
+                     running=((1.0, 1.0), (1.0, 1.0))) == pytest.approx(1.0)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -172,6 +188,53 @@ def test_eta_bar_counts_down_by_cost_and_items_end_in_any_order():
         bar.finish("b")
         assert bar.postfix() == "done; second"
     assert "left" in out.getvalue() and "2/3" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_eta_bar_with_items_at_once_uses_their_own_times():
+    clock = FakeClock()
+    with EtaBar({"a": 1.0, "b": 1.0, "c": 2.0}, desc="t", unit="item", tick_s=0, clock=clock,
+                file=io.StringIO(), jobs=2) as bar:
+        bar.start("a")
+        bar.start("b")
+        clock.now += 2
+        bar.finish("a")  # 2 s of its own for 1 unit, two at once: 1 s a unit
+        assert bar.seconds_left() == pytest.approx(4 * 1.0 - 2)
+        bar.start("c")  # cost 2 at 2 s an item-unit: 4 s of its own, more than the rest
+        assert bar.seconds_left() == pytest.approx(4.0)
+        clock.now += 1
+        bar.finish("b")  # 3 s for 1 unit: 5 s for 2, 1.25 s a unit at two at once
+        # c (cost 2) began 1 s ago and alone takes 2 × 2.5 = 5 s: 4 s left of it
+        assert bar.seconds_left() == pytest.approx(4.0)
+    with EtaBar({"a": 1.0, "b": 3.0}, desc="t", unit="item", tick_s=0, clock=clock,
+                file=io.StringIO(), jobs=2) as bar:
+        clock.now += 2
+        bar.update()  # ended without a start: its own time unknown, the elapsed rate
+        assert bar.done_item_s is None
+        assert bar.seconds_left() == pytest.approx(4 * 2.0 - 2)
+    with pytest.raises(ValueError, match="jobs"):
+        EtaBar({"a": 1.0}, desc="t", unit="item", tick_s=0, file=io.StringIO(), jobs=0)
+
+
+def test_the_first_runs_opening_estimates_fit_the_fifteen_minutes():
+    """The two bars' priors are what a newcomer reads first: together with the job's other
+    phases (≈ 1.5 min: install, build, ceilings, reports) they must not promise more than
+    the README's 15 minutes on 2 cores, nor less than the fastest measured run's phases."""
+    kernel_cost = sum(case_cost for case_cost in _first_run_case_costs())
+    kernel_s = kernel_cost * FIRST.seconds_per_cost
+    pipe = pipeline_presets.PRESETS["first-run"]
+    units = pipeline_runner.units_of(pipe, {})
+    pipe_s = sum(pipeline_runner.unit_cost(pipe, u) for u in units) * pipe.seconds_per_cost / 2
+    assert 4 * 60 < kernel_s < 8 * 60
+    assert 3 * 60 < pipe_s < 7 * 60
+    assert kernel_s + pipe_s + 90 < 15 * 60
+
+
+def _first_run_case_costs() -> list[float]:
+    """The kernel bar's costs for the first-run preset, as bench/harness/runner.py makes them."""
+    from bench.harness import runner
+    from bench.harness.suite import case_cost
+
+    return list(runner.shape_groups(runner.cases_for(FIRST), case_cost)[2].values())
 
 
 def test_eta_bar_ticks_while_an_item_runs():
