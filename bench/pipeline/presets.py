@@ -47,6 +47,11 @@ class Preset:
     # unit of `bench.pipeline.runner.unit_cost`, measured on this project's 2-core CPU; the
     # rate measured as units finish replaces it (None: none until the first finishes)
     seconds_per_cost: float | None = None
+    # the bar's measured costs where the preset has them (bench.pipeline.runner.bar_costs):
+    # {(head name, seed): wall seconds of that unit on synthetic data}, measured two units at
+    # a time on this project's 2-core CPU (a seed sets the epochs early stopping ends at: B1's
+    # two differ 2x); they replace unit_cost on the bar, not in the shards' split
+    unit_seconds: dict[tuple[str, int], float] | None = None
 
     def sources_for(self, head: PaperHead) -> tuple[str, ...]:
         return self.sources.get(head.name, ("synthetic",))
@@ -74,7 +79,12 @@ PRESETS = {
         # on a quiet first run (stop 51)"; 4.6e-10, from a loaded run of older code, had the
         # bar open at 16 min 47 s); a loaded machine is slower, and the measured rate takes
         # over as units end
-        seconds_per_cost=1.26e-10),
+        seconds_per_cost=1.26e-10,
+        # each unit's wall seconds in the same kind of run (2026-11-28 10:59, results.json's
+        # units.seconds, 285 s in all): what the bar weighs the units by
+        unit_seconds={("A1", 0): 15.7, ("A1", 1): 16.9, ("A2", 0): 6.3, ("A2", 1): 6.3,
+                      ("B1", 0): 121.8, ("B1", 1): 244.3, ("B2", 0): 36.2, ("B2", 1): 36.1,
+                      ("C1", 0): 12.9, ("C1", 1): 12.8, ("C2", 0): 22.9, ("C2", 1): 25.2}),
     "default": Preset(
         "default", ALL, (0, 1),
         Protocol(max_epochs=150, max_epochs_b=300, max_epochs_c=200, reference_size=1024,

@@ -155,6 +155,21 @@ def unit_cost(preset: Preset, unit: Unit) -> float:
     return float((head.n0 * head.n1 + head.n1 * head.n2) * cap * examples)
 
 
+def bar_costs(preset: Preset, units: list[Unit]) -> tuple[dict[Unit, float], float | None]:
+    """The progress bar's cost of each unit and its prior seconds per unit of cost, one unit
+    running at a time (bench/harness/progress.py): the preset's measured seconds of each
+    unit (`unit_seconds`, by head and seed, synthetic data) where it has every unit's, at
+    1 s a second; else `unit_cost` at the preset's `seconds_per_cost`. unit_cost prices a unit
+    by its epoch cap, so it misses what early stopping and each unit's fixed work make of it:
+    on the first-run preset it rates C1's unit at 1/37 of B1's, against 1/9 and 1/19 measured
+    for B1's two seeds (docs/notes/benchmarks.md, "The bars' estimates on a quiet first run
+    (stop 51)")."""
+    table = preset.unit_seconds
+    if table and all(u.source == "synthetic" and (u.head.name, u.seed) in table for u in units):
+        return {u: float(table[u.head.name, u.seed]) for u in units}, 1.0
+    return {u: unit_cost(preset, u) for u in units}, preset.seconds_per_cost
+
+
 def unit_label(unit: Unit) -> str:
     return f"{unit.head.name} on {unit.source}, seed {unit.seed}"
 
@@ -304,8 +319,17 @@ class _Collector:
         self.failed: list[str] = []
         self.not_run: list[str] = []  # not started: the run's time limit
         self.cut: list[str] = []  # stopped at the run's time limit
+        self.began: dict[Unit, float] = {}
+        self.seconds: dict[str, float] = {}  # each ended unit's wall seconds, by label
+
+    def start(self, unit: Unit, label: str) -> None:
+        """Unit `unit` begins: its wall clock starts, and the bar shows `label`."""
+        self.began[unit] = time.perf_counter()
+        self.bar.start(unit, label)
 
     def done(self, unit: Unit, outcome, status: str) -> None:
+        if unit in self.began:
+            self.seconds[unit_label(unit)] = round(time.perf_counter() - self.began[unit], 2)
         if outcome is not None:
             records, name, description, cpu = outcome
             self.records[unit] = records
@@ -342,7 +366,10 @@ class _Collector:
                           "done": [unit_label(u) for u in self.units if u in self.records],
                           "timed_out": self.timed_out, "failed": self.failed,
                           "not_run": self.not_run, "cut_off": self.cut,
-                          "partial": partial}}
+                          "partial": partial,
+                          # each ended unit's wall seconds, start to end (the bar's
+                          # measured first-run table, presets.FIRST_RUN_UNIT_SECONDS)
+                          "seconds": self.seconds}}
         write_report_atomically(self.all_records(), meta, self.out_dir)
         if self.clock is not None:
             self.clock.wrote(time.monotonic() - began)
@@ -430,13 +457,14 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
     # the bar's estimate of the time left weighs each unit by unit_cost (its prior: the
     # preset's measured seconds per unit of cost, scaled by the units run at once)
     at_once = max(1, min(jobs, len(units)))
-    prior = None if preset.seconds_per_cost is None else preset.seconds_per_cost / at_once
-    with EtaBar({u: unit_cost(preset, u) for u in units}, desc=f"GLAI pipeline ({preset.name})",
-                unit="run", disable=not progress, prior_s_per_cost=prior, jobs=at_once) as bar:
+    costs, seconds_per_cost = bar_costs(preset, units)
+    prior = None if seconds_per_cost is None else seconds_per_cost / at_once
+    with EtaBar(costs, desc=f"GLAI pipeline ({preset.name})", unit="run",
+                disable=not progress, prior_s_per_cost=prior, jobs=at_once) as bar:
         collector = _Collector(preset, out_dir, units, meta, bar, clock)
         if jobs > 1 or unit_time_limit_s is not None or clock is not None:
             _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,
-                           collector.done, lambda unit: bar.start(unit, unit_label(unit)),
+                           collector.done, lambda unit: collector.start(unit, unit_label(unit)),
                            clock)
         else:
             warm_up(preset)
@@ -447,7 +475,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
                     loaded[key] = load_data(unit.head, unit.source, preset, data_files)
                     warm_up_shapes(unit.head, loaded[key], preset.protocol)
                 data = loaded[key]
-                bar.start(unit, f"{unit.head.name} on {data.name}, seed {unit.seed}")
+                collector.start(unit, f"{unit.head.name} on {data.name}, seed {unit.seed}")
                 records = run_head(unit.head, data, unit.seed, preset.protocol)
                 collector.done(unit, (records, data.name, data.description, 0.0), "ok")
     collector.write()

@@ -222,8 +222,8 @@ def test_the_first_runs_opening_estimates_fit_the_fifteen_minutes():
     kernel_cost = sum(case_cost for case_cost in _first_run_case_costs())
     kernel_s = kernel_cost * FIRST.seconds_per_cost
     pipe = pipeline_presets.PRESETS["first-run"]
-    units = pipeline_runner.units_of(pipe, {})
-    pipe_s = sum(pipeline_runner.unit_cost(pipe, u) for u in units) * pipe.seconds_per_cost / 2
+    costs, seconds_per_cost = pipeline_runner.bar_costs(pipe, pipeline_runner.units_of(pipe, {}))
+    pipe_s = sum(costs.values()) * seconds_per_cost / 2
     assert 4 * 60 < kernel_s < 8 * 60
     assert 3 * 60 < pipe_s < 7 * 60
     assert kernel_s + pipe_s + 90 < 15 * 60
@@ -267,13 +267,41 @@ def test_the_pipelines_bar_weighs_units_by_unit_cost(monkeypatch, tmp_path):
                                                                description="fake"))
     monkeypatch.setattr(pipeline_runner, "run_head",
                         lambda head, data, seed, protocol: [{"head": head.name, "seed": seed}])
-    monkeypatch.setattr(pipeline_runner, "write_report_atomically", lambda *a: None)
+    metas = []
+    monkeypatch.setattr(pipeline_runner, "write_report_atomically",
+                        lambda records, meta, out: metas.append(meta))
     records = pipeline_runner.run_config(preset, tmp_path, progress=False, jobs=1)
     assert len(records) == len(preset.heads) * len(preset.seeds)
     [bar] = bars
     units = pipeline_runner.units_of(preset, {})
-    assert bar.costs == {u: pipeline_runner.unit_cost(preset, u) for u in units}
+    # the report keeps each unit's wall seconds (what the table was measured from)
+    seconds = metas[-1]["units"]["seconds"]
+    assert sorted(seconds) == sorted(pipeline_runner.unit_label(u) for u in units)
+    assert all(s >= 0 for s in seconds.values())
+    # the first-run preset's units are weighed by their measured seconds, at 1 s a second
+    assert bar.costs == {u: preset.unit_seconds[u.head.name, u.seed] for u in units}
+    assert bar.prior_s_per_cost == 1.0 and bar.jobs == 1
     assert bar.done == set(units)
+
+
+def test_the_bar_falls_back_to_unit_cost_where_a_unit_was_not_measured():
+    preset = pipeline_presets.PRESETS["first-run"]
+    units = pipeline_runner.units_of(preset, {})
+    costs, prior = pipeline_runner.bar_costs(preset, units)
+    assert prior == 1.0 and costs[units[0]] == preset.unit_seconds[units[0].head.name,
+                                                                   units[0].seed]
+    formula = {u: pipeline_runner.unit_cost(preset, u) for u in units}
+    # a seed the table lacks, or data other than synthetic: every unit by unit_cost
+    extra = [*units, pipeline_runner.Unit(PAPER_HEADS["A1"], "synthetic", 2)]
+    assert pipeline_runner.bar_costs(preset, extra) == (
+        {**formula, extra[-1]: pipeline_runner.unit_cost(preset, extra[-1])},
+        preset.seconds_per_cost)
+    digits = [pipeline_runner.Unit(u.head, "digits", u.seed) for u in units]
+    assert pipeline_runner.bar_costs(preset, digits)[1] == preset.seconds_per_cost
+    quick = pipeline_presets.PRESETS["quick"]
+    assert quick.unit_seconds is None
+    assert pipeline_runner.bar_costs(quick, units)[0] == {
+        u: pipeline_runner.unit_cost(quick, u) for u in units}
 
 
 # ---------------------------------------------------------------- phases and the total
