@@ -159,12 +159,13 @@ def bar_costs(preset: Preset, units: list[Unit]) -> tuple[dict[Unit, float], flo
     """The progress bar's cost of each unit and its prior seconds per unit of cost, one unit
     running at a time (bench/harness/progress.py): the preset's measured seconds of each
     unit (`unit_seconds`, by head and seed, synthetic data) where it has every unit's, at
-    1 s a second; else `unit_cost` at the preset's `seconds_per_cost`. unit_cost prices a unit
+    1 s a second, on the CPU they were measured on; else `unit_cost` at the preset's
+    `seconds_per_cost`. unit_cost prices a unit
     by its epoch cap, so it misses what early stopping and each unit's fixed work make of it:
     on the first-run preset it rates C1's unit at 1/37 of B1's, against 1/9 and 1/19 measured
     for B1's two seeds (docs/notes/benchmarks.md, "The bars' estimates on a quiet first run
     (stop 51)")."""
-    table = preset.unit_seconds
+    table = preset.unit_seconds if preset.protocol.device == "cpu" else None  # CPU-measured
     if table and all(u.source == "synthetic" and (u.head.name, u.seed) in table for u in units):
         return {u: float(table[u.head.name, u.seed]) for u in units}, 1.0
     return {u: unit_cost(preset, u) for u in units}, preset.seconds_per_cost

@@ -4,6 +4,7 @@ every progress bar (bench/harness/progress.py), and the phase times and total th
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 import time
@@ -298,6 +299,10 @@ def test_the_bar_falls_back_to_unit_cost_where_a_unit_was_not_measured():
         preset.seconds_per_cost)
     digits = [pipeline_runner.Unit(u.head, "digits", u.seed) for u in units]
     assert pipeline_runner.bar_costs(preset, digits)[1] == preset.seconds_per_cost
+    # the table is the CPU's: a run on another device is weighed by unit_cost
+    on_gpu = dataclasses.replace(preset, protocol=dataclasses.replace(preset.protocol,
+                                                                      device="cuda"))
+    assert pipeline_runner.bar_costs(on_gpu, units) == (formula, preset.seconds_per_cost)
     quick = pipeline_presets.PRESETS["quick"]
     assert quick.unit_seconds is None
     assert pipeline_runner.bar_costs(quick, units)[0] == {
