@@ -11,8 +11,9 @@ and the time left is
     left = max(total cost × rate − elapsed,  cost not yet started × rate,
                the longest a running item still takes alone)
 
-with `rate` the seconds per unit of cost measured over the items finished so far (the
-preset's prior, `prior_s_per_cost`, before the first ends; none: "estimating"). Items run
+with `rate` the seconds per unit of cost measured over the items finished so far, the
+preset's prior `prior_s_per_cost` counted in as a quarter of the run at its own rate (alone
+before the first item ends; none at all: "estimating"). Items run
 one at a time unless `jobs` > 1 (the pipeline's units in processes): then the rate is the
 finished items' own durations over their cost, divided by `jobs`, since the wall time at
 which the first ends also paid for the items still running beside it (measured by the
@@ -34,6 +35,12 @@ from contextlib import contextmanager
 
 # redraws a second while an item runs: often enough to see it move, rare enough for a log
 TICK_S = 5.0
+# the prior's weight in the rate once items have ended, as a share of the run's cost: with
+# the first-run kernel bar's prior, its estimate after the first shape (24 s, torch.compile's
+# first graphs included) said 13 min 10 s for 5 min 14 s left at none, 6 min 09 s at 0.25;
+# over the run the worst ratio to the truth fell from 2.5 to 1.5 (docs/notes/benchmarks.md,
+# "The bars' estimates on a quiet first run (stop 51)")
+PRIOR_SHARE = 0.25
 
 
 def format_duration(seconds: float) -> str:
@@ -67,9 +74,18 @@ def time_left(total_cost: float, done_cost: float, started_cost: float, elapsed_
     `running` the (cost, seconds since it began) of each item running. None when there is
     no rate yet."""
     if done_cost > 0 and jobs > 1 and done_item_s is not None and done_item_s > 0:
-        rate = done_item_s / done_cost / jobs
+        spent = done_item_s / jobs
     elif done_cost > 0 and done_elapsed_s > 0:
-        rate = done_elapsed_s / done_cost
+        spent = done_elapsed_s
+    else:
+        spent = None
+    if spent is not None and prior_s_per_cost is not None:
+        # the prior weighs as PRIOR_SHARE of the run measured at its rate, so that one item's
+        # one-off costs (the first shape's compiles) do not swing the estimate
+        weight = PRIOR_SHARE * total_cost
+        rate = (spent + prior_s_per_cost * weight) / (done_cost + weight)
+    elif spent is not None:
+        rate = spent / done_cost
     elif prior_s_per_cost is not None:
         rate = prior_s_per_cost
     else:

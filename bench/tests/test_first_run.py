@@ -155,6 +155,16 @@ def test_time_left_with_items_at_once_counts_each_items_own_time():
                      running=((1.0, 1.0), (1.0, 1.0))) == pytest.approx(1.0)
 
 
+def test_time_left_weighs_the_prior_as_a_quarter_of_the_run():
+    # 1 of 8 cost units done in 3 s against a prior of 1 s a unit: the prior counts as 2 units
+    # measured at its rate, so (3 + 2) / (1 + 2) s a unit for the 7 not started; without a
+    # prior, 3 s a unit
+    assert time_left(8, 1, 1, 3.0, 3.0, prior_s_per_cost=1.0) == pytest.approx(7 * 5 / 3)
+    assert time_left(8, 1, 1, 3.0, 3.0) == pytest.approx(7 * 3.0)
+    # the measurement outweighs it as the run goes: 6 units in 18 s, (18 + 2) / (6 + 2)
+    assert time_left(8, 6, 6, 18.0, 18.0, prior_s_per_cost=1.0) == pytest.approx(2 * 2.5)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
