@@ -45,7 +45,8 @@ class Preset:
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)  # head -> data sets
     # the progress bar's prior (bench/harness/progress.py): seconds of one unit's process per
     # unit of `bench.pipeline.runner.unit_cost`, measured on this project's 2-core CPU; the
-    # rate measured as units finish replaces it (None: none until the first finishes)
+    # rate measured as units finish outweighs it as they do (bench/harness/progress.py,
+    # PRIOR_SHARE; None: no estimate until the first finishes)
     seconds_per_cost: float | None = None
     # the bar's measured costs where the preset has them (bench.pipeline.runner.bar_costs):
     # {(head name, seed): wall seconds of that unit on synthetic data}, measured two units at

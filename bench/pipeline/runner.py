@@ -157,14 +157,13 @@ def unit_cost(preset: Preset, unit: Unit) -> float:
 
 def bar_costs(preset: Preset, units: list[Unit]) -> tuple[dict[Unit, float], float | None]:
     """The progress bar's cost of each unit and its prior seconds per unit of cost, one unit
-    running at a time (bench/harness/progress.py): the preset's measured seconds of each
-    unit (`unit_seconds`, by head and seed, synthetic data) where it has every unit's, at
-    1 s a second, on the CPU they were measured on; else `unit_cost` at the preset's
-    `seconds_per_cost`. unit_cost prices a unit
-    by its epoch cap, so it misses what early stopping and each unit's fixed work make of it:
-    on the first-run preset it rates C1's unit at 1/37 of B1's, against 1/9 and 1/19 measured
-    for B1's two seeds (docs/notes/benchmarks.md, "The bars' estimates on a quiet first run
-    (stop 51)")."""
+    running at a time (bench/harness/progress.py): on the CPU, the preset's measured seconds
+    of each unit (`unit_seconds`, by head and seed, synthetic data) where it has every
+    unit's, at 1 s a second; else `unit_cost` at the preset's `seconds_per_cost`. unit_cost
+    prices a unit by its epoch cap, so it misses what early stopping and each unit's fixed
+    work make of it: on the first-run preset it rates C1's unit at 1/37 of B1's, against 1/9
+    and 1/19 measured for B1's two seeds (docs/notes/benchmarks.md, "The bars' estimates on
+    a quiet first run (stop 51)")."""
     table = preset.unit_seconds if preset.protocol.device == "cpu" else None  # CPU-measured
     if table and all(u.source == "synthetic" and (u.head.name, u.seed) in table for u in units):
         return {u: float(table[u.head.name, u.seed]) for u in units}, 1.0
@@ -368,8 +367,8 @@ class _Collector:
                           "timed_out": self.timed_out, "failed": self.failed,
                           "not_run": self.not_run, "cut_off": self.cut,
                           "partial": partial,
-                          # each ended unit's wall seconds, start to end (the bar's
-                          # measured first-run table, presets.FIRST_RUN_UNIT_SECONDS)
+                          # each ended unit's wall seconds, start to end (what the
+                          # first-run preset's `unit_seconds` were measured from)
                           "seconds": self.seconds}}
         write_report_atomically(self.all_records(), meta, self.out_dir)
         if self.clock is not None:
@@ -455,7 +454,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
         **({"unit_time_limit_s": unit_time_limit_s} if unit_time_limit_s else {}),
         **({"time_limit_s": clock.limit_s} if clock else {}),
     }
-    # the bar's estimate of the time left weighs each unit by unit_cost (its prior: the
+    # the bar's estimate of the time left weighs each unit by `bar_costs` (its prior: the
     # preset's measured seconds per unit of cost, scaled by the units run at once)
     at_once = max(1, min(jobs, len(units)))
     costs, seconds_per_cost = bar_costs(preset, units)
