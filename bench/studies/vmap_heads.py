@@ -390,7 +390,7 @@ def overhead(e: Ensemble, rounds: int, calls: int,
     spent = [0.0, False]
 
     def run(fn: Callable[[], object], flushed: bool, op_part: bool) -> float:
-        """One contender's µs a call (or its op's part), warm or each call cold."""
+        """One contender's seconds a call (or its op's part), warm or each call cold."""
         spent[0], spent[1] = 0.0, op_part
         total = 0.0
         for _ in range(calls):
@@ -418,12 +418,12 @@ def overhead(e: Ensemble, rounds: int, calls: int,
 
 
 def report_overhead(runs: list[dict[str, tuple[float, float, float, float]]],
-                    flush_mb: float) -> None:
+                    flush_mib: float) -> None:
     """Each repeat's warm and cold µs a call with the op's part of each, and each contender's
     excess over `folded` (one op call, no module, no torch.func)."""
     print("\nforward's Python with the kernel stood in (zeros; `cpp`), µs a call (the op's "
           "part in brackets: `estimator`'s own calls, the rest the module's and torch.func's), "
-          f"warm (calls back to back) / cold (each after a {flush_mb:.0f} MB read, as a real "
+          f"warm (calls back to back) / cold (each after a {flush_mib:.0f} MiB read, as a real "
           "call's weight stream leaves the caches)")
     for i, t in enumerate(runs, 1):
         cells = "  ".join(f"{name} {w:.1f} [{wo:.1f}] / {c:.1f} [{co:.1f}]"
@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     titles = {"forward": ("forward", forward_calls), "both": ("forward+backward", training_calls)}
     chosen = list(titles) if args.passes == "all" else [args.passes]
     runs: dict[str, list] = {key: [] for key in chosen}
-    overheads: list[dict[str, tuple[float, float]]] = []
+    overheads: list[dict[str, tuple[float, float, float, float]]] = []
     e = None
     for r in range(args.repeats):
         del e  # the last ensemble's memory goes back before the next one's is taken
