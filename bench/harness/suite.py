@@ -70,13 +70,18 @@ _FIXED_MACS = 1e8
 
 
 def case_cost(case: Case) -> float:
-    """A case's relative measuring time, for balancing shards (`shards.split`): per pass,
-    a fixed cost plus its multiply-adds B*I*P*O (the roofline's compute floor up to the
-    machine's peak, which is the same for every case of a run) and its weight's size."""
+    """A case's relative measuring time, for balancing shards (`shards.split`), the progress
+    bar and a time limit's estimates: per pass, a fixed cost plus its multiply-adds B*I*P*O
+    (the roofline's compute floor up to the machine's peak, which is the same for every case
+    of a run) and its weight's size."""
     s = case.shape
     work = s.batch * s.inputs * s.paths * s.outputs + s.inputs * s.paths * s.outputs
-    if case.mu is not None:  # the sparse op does the kept fraction of the work
-        work *= case.mu
+    if case.mu is not None:
+        # a kept-fraction case times the dense backends and the MLP (the whole work) beside
+        # the sparse ones (μ of it): priced by μ alone, B1's shapes at μ ≈ 1% took 16 s where
+        # their price came to about 3 s (docs/notes/benchmarks.md, "The bars' estimates on a
+        # quiet first run (stop 51)")
+        work *= 1 + case.mu
     return sum(_PASS_WEIGHT.get(p, 1.0) for p in case.passes) * (_FIXED_MACS + work)
 
 

@@ -264,10 +264,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         max_call_s=0.5,
         peers=ALL_PEERS,
         # a fresh clone's `nox -s bench` on a quiet 2-core AMD Zen 5: 339 s of cases for
-        # 2.22e10 of case_cost (docs/notes/benchmarks.md, "The bars' estimates on a quiet first
-        # run (stop 51)"; 5.3e-8, from a run at load 5-8 of older code, had the bar open at
-        # 19 min 37 s); a loaded machine is slower, and the measured rate takes over
-        seconds_per_cost=1.53e-8,
+        # 3.82e10 of case_cost (docs/notes/benchmarks.md, "The bars' estimates on a quiet first
+        # run (stop 51)"; 5.3e-8 a unit of the former case_cost, from a run at load 5-8 of
+        # older code, had the bar open at 19 min 37 s); a loaded machine is slower, and the
+        # measured rate outweighs it as shapes end
+        seconds_per_cost=8.86e-9,
     ),
     Preset(
         name="long",
