@@ -143,14 +143,20 @@ class EtaBar:
         """The estimate now (module docstring), or None before any rate is known."""
         with self._lock:
             now = self.clock()
-            running = tuple((self.costs[k], now - t) for k, t in self.began.items()
-                            if k not in self.done)
+            running = () if self.jobs == 1 else tuple(
+                (self.costs[k], now - t) for k, t in self.began.items() if k not in self.done)
             return time_left(self.total_cost, self._cost(self.done),
                              self._cost(self.started | self.done),
                              now - self.started_at, self.done_elapsed_s,
                              self.prior_s_per_cost, jobs=self.jobs,
-                             done_item_s=self.done_item_s,
-                             running=running if self.jobs > 1 else ())
+                             done_item_s=self.done_item_s, running=running)
+
+    def item_seconds(self, key: Hashable) -> float | None:
+        """Seconds since item `key` began (to now, even once it has ended), or None if it
+        never started."""
+        with self._lock:
+            began = self.began.get(key)
+            return None if began is None else self.clock() - began
 
     def postfix(self) -> str:
         left = self.seconds_left()

@@ -319,17 +319,12 @@ class _Collector:
         self.failed: list[str] = []
         self.not_run: list[str] = []  # not started: the run's time limit
         self.cut: list[str] = []  # stopped at the run's time limit
-        self.began: dict[Unit, float] = {}
         self.seconds: dict[str, float] = {}  # each ended unit's wall seconds, by label
 
-    def start(self, unit: Unit, label: str) -> None:
-        """Unit `unit` begins: its wall clock starts, and the bar shows `label`."""
-        self.began[unit] = time.perf_counter()
-        self.bar.start(unit, label)
-
     def done(self, unit: Unit, outcome, status: str) -> None:
-        if unit in self.began:
-            self.seconds[unit_label(unit)] = round(time.perf_counter() - self.began[unit], 2)
+        seconds = self.bar.item_seconds(unit)  # None: never started (the run's time limit)
+        if seconds is not None:
+            self.seconds[unit_label(unit)] = round(seconds, 2)
         if outcome is not None:
             records, name, description, cpu = outcome
             self.records[unit] = records
@@ -464,7 +459,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
         collector = _Collector(preset, out_dir, units, meta, bar, clock)
         if jobs > 1 or unit_time_limit_s is not None or clock is not None:
             _run_processes(preset, units, data_files, threads, jobs, unit_time_limit_s,
-                           collector.done, lambda unit: collector.start(unit, unit_label(unit)),
+                           collector.done, lambda unit: bar.start(unit, unit_label(unit)),
                            clock)
         else:
             warm_up(preset)
@@ -475,7 +470,7 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
                     loaded[key] = load_data(unit.head, unit.source, preset, data_files)
                     warm_up_shapes(unit.head, loaded[key], preset.protocol)
                 data = loaded[key]
-                collector.start(unit, f"{unit.head.name} on {data.name}, seed {unit.seed}")
+                bar.start(unit, f"{unit.head.name} on {data.name}, seed {unit.seed}")
                 records = run_head(unit.head, data, unit.seed, preset.protocol)
                 collector.done(unit, (records, data.name, data.description, 0.0), "ok")
     collector.write()

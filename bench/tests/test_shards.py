@@ -219,6 +219,9 @@ class _NoBar:
     def finish(self, unit) -> None:  # bench.harness.progress.EtaBar's: a unit ended
         pass
 
+    def item_seconds(self, unit) -> None:  # EtaBar's: this bar saw no unit start
+        return None
+
 
 def test_a_unit_past_its_time_limit_is_stopped_and_named(tmp_path):
     # far too short for a unit (its process alone takes seconds to start): the run ends,
