@@ -24,9 +24,10 @@ those deviations. A drop counts when it exceeds both a floor and k × s:
 
 What can fail is what the committed-baseline check gates (`stats.gated`: speedups per case
 and per backend, the oracle's roofline share per backend; a case's speedup drop only when
-that backend's share there fell too). On a failure one more pair is measured, up to
-`confirm` times, and the verdict is taken again over all pairs, so a one-off stall is
-diluted while a real slowdown, present in every candidate run, stays.
+that backend's share there fell too). On a failure (of this rule or of the further check
+`versus` is given, the committed baseline's) one more pair is measured, up to `confirm`
+times, and the verdict is taken again over all pairs, so a one-off stall is diluted while a
+real slowdown, present in every candidate run, stays.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -222,10 +223,13 @@ def paired_report(verdict: Comparison, baseline: dict, base: str) -> str:
 def versus(base: str | None = None, *, pairs: int = 2, confirm: int = 1, jobs: int = 2,
            preset: str = "quick", device: str | None = None, plant: str | None = None,
            timing: dict | None = None, root: Path = ROOT, log=print,
+           also: Callable[[list[dict]], tuple[bool, str]] | None = None,
            **rule) -> tuple[bool, str, list[dict]]:
     """Measure `pairs` interleaved (base, candidate) runs, judge, and on a failure add a pair
     and judge again, up to `confirm` times. `plant` slows a backend in the candidate only;
-    `jobs` 2 runs a pair's two processes side by side, 1 one after the other.
+    `jobs` 2 runs a pair's two processes side by side, 1 one after the other. `also`, a further
+    check of the candidate's runs (the committed baseline's), returns (passed, report); its
+    failure earns the confirming pair too, and its report follows the paired one.
     Returns (passed, report, the candidate's runs)."""
     if jobs not in (1, 2):
         raise ValueError(f"jobs: 1 (one after the other) or 2 (side by side), got {jobs}")
@@ -248,17 +252,25 @@ def versus(base: str | None = None, *, pairs: int = 2, confirm: int = 1, jobs: i
             base_runs.append(base_run)
             candidate_runs.append(candidate_run)
 
+        def verdicts() -> tuple[bool, str]:
+            verdict, baseline = judge(base_runs, candidate_runs, **rule)
+            if verdict.table.empty:
+                raise ValueError("nothing was compared: no ratio was measured in every run")
+            passed, text = verdict.ok, paired_report(verdict, baseline, label)
+            if also is not None:
+                also_passed, also_text = also(candidate_runs)
+                passed, text = passed and also_passed, f"{text}\n\n{also_text}"
+            return passed, text
+
         for _ in range(pairs):
             one_pair()
-        verdict, baseline = judge(base_runs, candidate_runs, **rule)
+        passed, text = verdicts()
         for attempt in range(confirm):
-            if verdict.ok:
+            if passed:
                 break
-            log(paired_report(verdict, baseline, label))
+            log(text)
             log(f"re-measuring to confirm ({attempt + 1} of {confirm}): one more pair, judged "
                 f"with the others")
             one_pair()
-            verdict, baseline = judge(base_runs, candidate_runs, **rule)
-    if verdict.table.empty:
-        raise ValueError("nothing was compared: no ratio was measured in every run")
-    return verdict.ok, paired_report(verdict, baseline, label), candidate_runs
+            passed, text = verdicts()
+    return passed, text, candidate_runs
