@@ -14,6 +14,14 @@ each alone (the same op called repeatedly: the branch predictor learns its index
 step (forward, then dvalues, alternating, as training calls them). The minimum over the
 repeats of the mean of a block of calls, in µs, ns per kept entry and cycles per kept entry at
 `--ghz` (an assumption printed with the numbers: the kernels' clock is not read here).
+
+`--step` adds, per head, what the engineered protocol's ratio (issue 41) would be with the two
+sparse kernels of the fused step at their floors: the fused GLAI step and the engineered MLP
+step (`HandFusedMLPStep`, the faster engineered MLP step on the CPU) timed interleaved with the
+kernels in step; the fused step less its kernels is the rest (the selector's GEMM, the loss,
+the bias, Python), and the rest plus K entries at the floors' cycles is the model, labelled as
+one. The floors hold for one vector of batch on AVX-512 (where they were derived); elsewhere
+the model is not printed.
 """
 
 from __future__ import annotations
@@ -21,16 +29,28 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from bench.cli_types import positive_float, positive_int
+from bench.studies.sparse_train_step import head_steps
 from glai_kernels import extension
 from glai_kernels.glai import match, paper_training, prune
 from glai_kernels.glai.mlp import make_mlp
 from glai_kernels.paper_heads import PAPER_HEADS
 
 ENTRIES_PER_BLOCK = 20_000_000  # kept entries a timed block walks (≈ 10-40 ms)
+
+# A kept entry's floor in cycles with the batch in one vector (B ≤ 16 float32 lanes, AVX-512),
+# from the instructions and bytes an entry needs at the rates measured on the AMD Zen 5
+# (docs/notes/sparse.md, "The sparse kernels against their floor (issue 41, stop 47)"): the
+# forward 1.0 (its four FMA chains' latency) to 1.5 (an index, a weight and an x^T row loaded,
+# two loads a cycle); dvalues + Adam 1.6 (dvalues' 18 FP operations on four pipes, and values,
+# m and v read and written).
+FORWARD_FLOOR_CYCLES = (1.0, 1.5)
+DVALUES_ADAM_FLOOR_CYCLES = 1.6
+FLOOR_LANES = 16
 
 
 def head_ops(name: str) -> tuple[dict[str, Callable[[], object]], int, int]:
@@ -80,15 +100,104 @@ def time_ops(ops: dict[str, Callable[[], object]], calls: int, repeats: int
                 op()
             keep(f"{name} alone", time.thread_time() - start)
         for backward in ("dvalues", "dvalues+Adam"):
-            spent = {"forward": 0.0, backward: 0.0}
-            for _ in range(calls):
-                for name in spent:
-                    start = time.thread_time()
-                    ops[name]()
-                    spent[name] += time.thread_time() - start
-            keep("forward in step", spent["forward"])
-            keep(f"{backward} in step", spent[backward])
+            forward_s, backward_s = in_step(ops["forward"], ops[backward], calls)
+            keep("forward in step", forward_s)
+            keep(f"{backward} in step", backward_s)
     return best
+
+
+def in_step(forward: Callable[[], object], backward: Callable[[], object], calls: int
+            ) -> tuple[float, float]:
+    """The seconds `calls` calls of `forward` and of `backward` took, alternating as a training
+    step calls them (the branch predictor then cannot learn one kernel's group lengths)."""
+    spent = [0.0, 0.0]
+    for _ in range(calls):
+        for k, op in enumerate((forward, backward)):
+            start = time.thread_time()
+            op()
+            spent[k] += time.thread_time() - start
+    return spent[0], spent[1]
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The fused GLAI step against the engineered MLP step, in seconds, and the model of the
+    fused step with its kernels at their floors (`at_floor`: the low and high floor)."""
+
+    fused: float
+    mlp: float
+    kernels: float  # forward + dvalues+Adam, in step
+    at_floor: tuple[float, float]
+
+    @property
+    def rest(self) -> float:
+        return self.fused - self.kernels
+
+    @property
+    def ratio(self) -> float:
+        return self.fused / self.mlp
+
+    @property
+    def ratio_at_floor(self) -> tuple[float, float]:
+        return (self.at_floor[0] / self.mlp, self.at_floor[1] / self.mlp)
+
+
+def step_model(fused: float, mlp: float, forward: float, dvalues_adam: float, nnz: int,
+               ghz: float) -> StepModel:
+    """The model: the fused step less its two kernels (measured in step), plus `nnz` entries
+    at the floors' cycles at `ghz`."""
+    if not 0 < forward + dvalues_adam < fused:
+        raise ValueError(f"the kernels ({forward + dvalues_adam:.3g} s) must be a part of the "
+                         f"fused step ({fused:.3g} s)")
+    per_entry = [(f + DVALUES_ADAM_FLOOR_CYCLES) / (ghz * 1e9) for f in FORWARD_FLOOR_CYCLES]
+    rest = fused - forward - dvalues_adam
+    return StepModel(fused, mlp, forward + dvalues_adam,
+                     (rest + nnz * per_entry[0], rest + nnz * per_entry[1]))
+
+
+def time_steps(name: str, ops: dict[str, Callable[[], object]], calls: int, repeats: int
+               ) -> dict[str, float]:
+    """{"GLAI fused": s, "MLP engineered": s, "forward in step": s, "dvalues+Adam in step": s}:
+    the two steps and the fused step's two kernels, interleaved, each the minimum over
+    `repeats` rounds of the mean of `calls` calls, on this thread's CPU clock."""
+    steps, _ = head_steps(name, compiled=False)
+    timed = {"GLAI fused": steps["GLAI fused"], "MLP engineered": steps["MLP hand-fused"]}
+    best: dict[str, float] = {}
+    for fn in (*timed.values(), *ops.values()):
+        fn()
+    for _ in range(repeats):
+        for key, fn in timed.items():
+            start = time.thread_time()
+            for _ in range(calls):
+                fn()
+            best[key] = min(best.get(key, float("inf")), (time.thread_time() - start) / calls)
+        spent = in_step(ops["forward"], ops["dvalues+Adam"], calls)
+        for key, seconds in zip(("forward in step", "dvalues+Adam in step"), spent, strict=True):
+            best[key] = min(best.get(key, float("inf")), seconds / calls)
+    return best
+
+
+def report_step(name: str, batch: int, nnz: int, timed: dict[str, float], ghz: float,
+                isa: str) -> str:
+    """One head's line of `--step` (`isa`: the kernels' instruction set, as
+    glai_ext::cpu_isa names it)."""
+    us = {k: 1e6 * v for k, v in timed.items()}
+    head = (f"{name} step (B = {batch}, K = {nnz}): fused GLAI {us['GLAI fused']:.0f} µs, of it "
+            f"the sparse forward {us['forward in step']:.0f} and dvalues+Adam "
+            f"{us['dvalues+Adam in step']:.0f} (in step); engineered MLP "
+            f"{us['MLP engineered']:.0f} µs")
+    if batch > FLOOR_LANES or isa != "avx512":
+        return head + (f"; ratio {timed['GLAI fused'] / timed['MLP engineered']:.2f} measured; "
+                       f"no floor model (the floors are for B ≤ {FLOOR_LANES} on AVX-512)")
+    m = step_model(timed["GLAI fused"], timed["MLP engineered"], timed["forward in step"],
+                   timed["dvalues+Adam in step"], nnz, ghz)
+    lo, hi = (1e6 * t for t in m.at_floor)
+    return head + (f"; ratio {m.ratio:.2f} measured. Model (not measured): the rest "
+                   f"{1e6 * m.rest:.0f} µs plus K at the floors (forward "
+                   f"{FORWARD_FLOOR_CYCLES[0]:g}-{FORWARD_FLOOR_CYCLES[1]:g}, dvalues+Adam "
+                   f"{DVALUES_ADAM_FLOOR_CYCLES:g} cycles an entry at {ghz:g} GHz) = "
+                   f"{lo:.0f}-{hi:.0f} µs: ratio {m.ratio_at_floor[0]:.2f}-"
+                   f"{m.ratio_at_floor[1]:.2f} with the kernels at their floors")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=7)
     parser.add_argument("--ghz", type=positive_float, default=4.2,
                         help="the clock the cycles assume (default 4.2)")
+    parser.add_argument("--step", action="store_true",
+                        help="also time the fused GLAI step and the engineered MLP step with "
+                             "the kernels, and model the engineered ratio at their floors")
     args = parser.parse_args(argv)
     extension.load()
     previous = torch.get_num_threads()
@@ -113,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                               f"{1e9 * s / nnz * args.ghz:.2f} cycles)"
                               for key, s in sorted(timed.items()))
             print(f"{name} (B = {batch}, K = {nnz}): {cells}", flush=True)
+            if args.step:
+                steps = time_steps(name, ops, max(5, ENTRIES_PER_BLOCK // nnz // 4),
+                                   args.repeats)
+                print(report_step(name, batch, nnz, steps, args.ghz,
+                                  torch.ops.glai_ext.cpu_isa("")), flush=True)
     finally:
         torch.set_num_threads(previous)
     return 0
