@@ -10,6 +10,8 @@ ceilings then carry as their label (the fallback is the library GEMM's rate, fla
   (`vdpbf16ps`: 2 products and 2 adds per float32 lane, 4 FLOPs per lane), or four
   independent AMX tile products (`tdpbf16ps`, 16 x 32 by 32 x 16 bf16 into float32: 16,384
   FLOPs each), on finite, non-denormal values.
+- `clock_ghz()`: the core's clock, from a chain of dependent integer adds (one a cycle) on this
+  thread: what turns a kernel's seconds per entry into cycles without assuming a clock.
 - `triad_rate(nbytes, threads)`: bytes/s of a[i] = b[i] + s·c[i] on three float32 arrays of
   `nbytes` together, counting each array once (3·n·4 bytes, STREAM's convention: the
   write-allocate read of `a` that a cache without streaming stores does is *not* counted,
@@ -116,6 +118,23 @@ def fma_rate(kernel: str, threads: int, min_time_s: float = 0.05, rounds: int = 
         seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
         best, samples = max(best, flops / seconds), samples + 1
     return best
+
+
+def clock_ghz(min_time_s: float = 0.05, rounds: int = 3) -> float:
+    """The core's clock in GHz while this thread runs integer work: the fastest of short runs
+    (about SAMPLE_S each, see fma_rate) of a chain of dependent adds, one a cycle. A core
+    running vector work may clock lower (some Intel parts under AVX-512) or the same (AMD)."""
+    _require()
+    iterations = 1 << 10
+    while True:
+        seconds = torch.ops.glai_peak.clock(iterations)
+        if seconds >= SAMPLE_S or iterations > 1 << 34:
+            break
+        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
+    best, samples, start = seconds, 1, time.perf_counter()
+    while samples < rounds or time.perf_counter() - start < min_time_s:
+        best, samples = min(best, torch.ops.glai_peak.clock(iterations)), samples + 1
+    return iterations * 100 / best / 1e9
 
 
 def triad_rate(nbytes: int, threads: int, min_time_s: float = 0.05,

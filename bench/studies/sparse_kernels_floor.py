@@ -3,7 +3,7 @@
 floors and the results).
 
     glai-bench sparse-kernels-floor [--heads B1 B2 A2 C2] [--repeats 7]
-                                        [--ghz 4.2]
+                                        [--ghz GHZ] [--step]
 
 Per head, the head `bench.studies.sparse_train_step` trains (the paper's batch, float32, one
 thread), the three ops a training step calls, on this thread's CPU clock:
@@ -13,7 +13,8 @@ thread), the three ops a training step calls, on this thread's CPU clock:
 each alone (the same op called repeatedly: the branch predictor learns its index) and in a
 step (forward, then dvalues, alternating, as training calls them). The minimum over the
 repeats of the mean of a block of calls, in µs, ns per kept entry and cycles per kept entry at
-`--ghz` (an assumption printed with the numbers: the kernels' clock is not read here).
+the core's clock, measured by a chain of dependent integer adds (`bench.harness.native_peak.
+clock_ghz`; `--ghz` sets it instead, as the printed line says).
 
 `--step` adds, per head, what the engineered protocol's ratio (issue 41) would be with the two
 sparse kernels of the fused step at their floors: the fused GLAI step and the engineered MLP
@@ -200,14 +201,28 @@ def report_step(name: str, batch: int, nnz: int, timed: dict[str, float], ghz: f
                    f"{m.ratio_at_floor[1]:.2f} with the kernels at their floors")
 
 
+def clock_of(ghz: float | None) -> tuple[float, str]:
+    """(GHz, how it was had): `ghz` when given, else this core's clock measured
+    (`native_peak.clock_ghz`), else an assumed 4.2 GHz with the reason."""
+    if ghz is not None:
+        return ghz, f"{ghz:g} GHz (given)"
+    from bench.harness import native_peak
+
+    error = native_peak.load()
+    if error is not None:
+        return 4.2, f"an assumed 4.2 GHz (the clock was not measured: {error})"
+    measured = native_peak.clock_ghz()
+    return measured, f"{measured:.2f} GHz (measured: dependent integer adds on this thread)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.studies.sparse_kernels_floor",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--heads", nargs="+", default=["B1", "B2", "A2", "C2"],
                         choices=list(PAPER_HEADS))
     parser.add_argument("--repeats", type=positive_int, default=7)
-    parser.add_argument("--ghz", type=positive_float, default=4.2,
-                        help="the clock the cycles assume (default 4.2)")
+    parser.add_argument("--ghz", type=positive_float, default=None,
+                        help="the clock the cycles assume (default: measured here)")
     parser.add_argument("--step", action="store_true",
                         help="also time the fused GLAI step and the engineered MLP step with "
                              "the kernels, and model the engineered ratio at their floors")
@@ -216,19 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        ghz, clock = clock_of(args.ghz)
         print(f"torch {torch.__version__}, one thread, CPU clock, min over {args.repeats} "
-              f"repeats; cycles at an assumed {args.ghz} GHz")
+              f"repeats; cycles at {clock}")
         for name in args.heads:
             ops, nnz, batch = head_ops(name)
             timed = time_ops(ops, max(5, ENTRIES_PER_BLOCK // nnz), args.repeats)
             cells = ", ".join(f"{key} {1e6 * s:.1f} µs ({1e9 * s / nnz:.3f} ns, "
-                              f"{1e9 * s / nnz * args.ghz:.2f} cycles)"
+                              f"{1e9 * s / nnz * ghz:.2f} cycles)"
                               for key, s in sorted(timed.items()))
             print(f"{name} (B = {batch}, K = {nnz}): {cells}", flush=True)
             if args.step:
                 steps = time_steps(name, ops, max(5, ENTRIES_PER_BLOCK // nnz // 4),
                                    args.repeats)
-                print(report_step(name, batch, nnz, steps, args.ghz,
+                print(report_step(name, batch, nnz, steps, ghz,
                                   torch.ops.glai_ext.cpu_isa("")), flush=True)
     finally:
         torch.set_num_threads(previous)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from bench.harness import ceilings, native_peak, shares, suite
 from bench.harness.ceilings import LIBRARY_GEMM, Ceilings
@@ -124,6 +125,21 @@ def test_native_peaks_and_triad_run():
         rate = native_peak.fma_rate(kernel, 1, min_time_s=0.005, rounds=1)
         assert math.isfinite(rate) and rate > 1e9
     assert native_peak.triad_rate(2**20, 2, min_time_s=0.005) > 1e9  # checks its result
+
+
+def test_the_clock_is_a_core_clock_and_agrees_with_the_fma_peak():
+    """clock_ghz: a chain of dependent adds, one a cycle. The FMA peak on one core divided by
+    it must be a whole number of FLOPs a cycle that vector units give (16 lanes × 2 FLOPs ×
+    1 or 2 pipes at AVX-512 float32, 8 × 2 × 2 at AVX2): a clock off by a factor (the chain
+    cut short, the adds run in parallel) lands between them."""
+    kernels = _native_or_skip()
+    ghz = native_peak.clock_ghz(min_time_s=0.02)
+    assert 0.5 < ghz < 7.0
+    kernel = "avx512_f32" if "avx512_f32" in kernels else "avx2_f32"
+    flops_a_cycle = native_peak.fma_rate(kernel, 1, min_time_s=0.02) / (ghz * 1e9)
+    assert min(abs(flops_a_cycle / w - 1) for w in (32, 64)) < 0.15, flops_a_cycle
+    with pytest.raises(RuntimeError, match="iterations > 0"):
+        torch.ops.glai_peak.clock(0)
 
 
 def test_a_failed_build_degrades_to_a_labelled_fallback(monkeypatch):

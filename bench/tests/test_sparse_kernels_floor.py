@@ -40,3 +40,16 @@ def test_a_real_run_at_a1(capsys):
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith("A1 step (B = 16, K = "))
     assert "ratio" in line and "measured" in line
+
+
+def test_the_clock_is_given_measured_or_assumed_with_the_reason(monkeypatch):
+    from bench.harness import native_peak
+
+    assert floor.clock_of(3.5) == (3.5, "3.5 GHz (given)")
+    monkeypatch.setattr(native_peak, "load", lambda: "no C++ compiler (test)")
+    ghz, label = floor.clock_of(None)
+    assert ghz == 4.2 and "assumed" in label and "no C++ compiler (test)" in label
+    monkeypatch.setattr(native_peak, "load", lambda: None)
+    monkeypatch.setattr(native_peak, "clock_ghz", lambda: 3.14159)
+    assert floor.clock_of(None) == (3.14159, "3.14 GHz (measured: dependent integer adds on "
+                                              "this thread)")
