@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the fused GLAI step and the engineered MLP step with "
                              "the kernels, and model the engineered ratio at their floors")
     args = parser.parse_args(argv)
-    extension.load()
+    error = extension.load().error
+    if error is not None:
+        parser.error(f"the cpp extension is unavailable here, and it is what this times: {error}")
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

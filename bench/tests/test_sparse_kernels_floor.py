@@ -53,3 +53,12 @@ def test_the_clock_is_given_measured_or_assumed_with_the_reason(monkeypatch):
     monkeypatch.setattr(native_peak, "clock_ghz", lambda: 3.14159)
     assert floor.clock_of(None) == (3.14159, "3.14 GHz (measured: dependent integer adds on "
                                               "this thread)")
+
+
+def test_without_the_extension_it_says_so(monkeypatch, capsys):
+    import types
+
+    monkeypatch.setattr(extension, "load", lambda: types.SimpleNamespace(error="no compiler"))
+    with pytest.raises(SystemExit) as stop:
+        floor.main(["--heads", "A1"])
+    assert stop.value.code == 2 and "no compiler" in capsys.readouterr().err
