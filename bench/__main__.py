@@ -80,7 +80,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sparse-train-step": ("bench.studies.sparse_train_step",
                           "a GLAI training step on sparse cpp against the MLP's, per head"),
     "sparse-kernels-floor": ("bench.studies.sparse_kernels_floor",
-                             "the sparse cpp kernels of a training step per kept entry"),
+                             "the sparse cpp kernels of a training step per kept entry "
+                             "(--step: the engineered ratio with them at their floors)"),
     "call-anatomy": ("bench.studies.call_anatomy",
                      "one call's event time against its host and kernel times, per backend"),
     "vmap-heads": ("bench.studies.vmap_heads",
