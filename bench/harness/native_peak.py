@@ -25,12 +25,15 @@ import hashlib
 import math
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from glai_kernels import extension_build
 
 SOURCE = extension_build.CSRC / "cpu" / "peak.cpp"
+_S = TypeVar("_S")  # one timed run's result (`_sized`)
 LIBRARY = "glai_peak"
 # kernel name in peak.cpp -> (instruction set it needs, dtype whose ceiling it measures)
 # one timed run of a peak kernel lasts about this long (see fma_rate)
@@ -107,12 +110,8 @@ def fma_rate(kernel: str, threads: int, min_time_s: float = 0.05, rounds: int = 
     kernels' calls (milliseconds) do; a ceiling measured with long runs would fall below
     what those calls reach."""
     _require()
-    iterations = 1 << 10
-    while True:  # grow a run until it takes SAMPLE_S: the clock's cost then vanishes
-        seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
-        if seconds >= SAMPLE_S or iterations > 1 << 34:
-            break
-        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
+    iterations, (seconds, flops) = _sized(
+        lambda n: torch.ops.glai_peak.fma(kernel, n, threads), lambda sample: sample[0])
     best, samples, start = flops / seconds, 1, time.perf_counter()
     while samples < rounds or time.perf_counter() - start < min_time_s:
         seconds, flops = torch.ops.glai_peak.fma(kernel, iterations, threads)
@@ -120,18 +119,25 @@ def fma_rate(kernel: str, threads: int, min_time_s: float = 0.05, rounds: int = 
     return best
 
 
+def _sized(run: Callable[[int], _S], seconds_of: Callable[[_S], float]) -> tuple[int, _S]:
+    """(iterations, the last sample): `run(iterations)` grown until one run takes SAMPLE_S,
+    so the clock's own cost vanishes in it."""
+    iterations = 1 << 10
+    while True:
+        sample = run(iterations)
+        seconds = seconds_of(sample)
+        if seconds >= SAMPLE_S or iterations > 1 << 34:
+            return iterations, sample
+        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
+
+
 def clock_ghz(min_time_s: float = 0.05, rounds: int = 3) -> float:
     """The core's clock in GHz while this thread runs integer work: the fastest of short runs
     (about SAMPLE_S each, see fma_rate) of a chain of dependent adds, one a cycle. A core
     running vector work may clock lower (some Intel parts under AVX-512) or the same (AMD)."""
     _require()
-    iterations = 1 << 10
-    while True:
-        seconds = torch.ops.glai_peak.clock(iterations)
-        if seconds >= SAMPLE_S or iterations > 1 << 34:
-            break
-        iterations = int(iterations * max(2.0, 1.2 * SAMPLE_S / max(seconds, 1e-7)))
-    best, samples, start = seconds, 1, time.perf_counter()
+    iterations, best = _sized(torch.ops.glai_peak.clock, float)
+    samples, start = 1, time.perf_counter()
     while samples < rounds or time.perf_counter() - start < min_time_s:
         best, samples = min(best, torch.ops.glai_peak.clock(iterations)), samples + 1
     return iterations * 100 / best / 1e9
