@@ -50,6 +50,13 @@ def test_the_clock_is_given_measured_or_assumed_with_the_reason(monkeypatch):
     ghz, label = floor.clock_of(None)
     assert ghz == 4.2 and "assumed" in label and "no C++ compiler (test)" in label
     monkeypatch.setattr(native_peak, "load", lambda: None)
+
+    def not_x86():
+        raise RuntimeError("glai_peak::clock: x86 only\nmore")
+
+    monkeypatch.setattr(native_peak, "clock_ghz", not_x86)
+    assert floor.clock_of(None) == (4.2, "an assumed 4.2 GHz (the clock was not measured: "
+                                         "glai_peak::clock: x86 only)")
     monkeypatch.setattr(native_peak, "clock_ghz", lambda: 3.14159)
     assert floor.clock_of(None) == (3.14159, "3.14 GHz (measured: dependent integer adds on "
                                               "this thread)")
