@@ -128,16 +128,18 @@ def test_native_peaks_and_triad_run():
 
 
 def test_the_clock_is_a_core_clock_and_agrees_with_the_fma_peak():
-    """clock_ghz: a chain of dependent adds, one a cycle. The FMA peak on one core divided by
-    it must be a whole number of FLOPs a cycle that vector units give (16 lanes × 2 FLOPs ×
-    1 or 2 pipes at AVX-512 float32, 8 × 2 × 2 at AVX2): a clock off by a factor (the chain
-    cut short, the adds run in parallel) lands between them."""
+    """clock_ghz: a chain of dependent adds, one a cycle. A chain can run no faster than one
+    add a cycle (its result checks that none was dropped), so the clock can only read low:
+    an add taking two cycles would halve it. The one-core FMA peak over it is then at most
+    the widest x86 core's 64 float32 FLOPs a cycle (2 FMA pipes × 16 lanes × 2) and at least
+    a 256-bit single-pipe core's 16, with a margin for a core that clocks down for vector
+    work (some Intel parts under AVX-512) and for the two being timed at different moments."""
     kernels = _native_or_skip()
     ghz = native_peak.clock_ghz(min_time_s=0.02)
     assert 0.5 < ghz < 7.0
     kernel = "avx512_f32" if "avx512_f32" in kernels else "avx2_f32"
     flops_a_cycle = native_peak.fma_rate(kernel, 1, min_time_s=0.02) / (ghz * 1e9)
-    assert min(abs(flops_a_cycle / w - 1) for w in (32, 64)) < 0.15, flops_a_cycle
+    assert 12 < flops_a_cycle < 64 * 1.15, flops_a_cycle
     with pytest.raises(RuntimeError, match="iterations > 0"):
         torch.ops.glai_peak.clock(0)
 
