@@ -10,8 +10,8 @@ ceilings then carry as their label (the fallback is the library GEMM's rate, fla
   (`vdpbf16ps`: 2 products and 2 adds per float32 lane, 4 FLOPs per lane), or four
   independent AMX tile products (`tdpbf16ps`, 16 x 32 by 32 x 16 bf16 into float32: 16,384
   FLOPs each), on finite, non-denormal values.
-- `clock_ghz()`: the core's clock, from a chain of dependent integer adds (one a cycle) on this
-  thread: what turns a kernel's seconds per entry into cycles without assuming a clock.
+- `clock_ghz()`: the core's clock, from a chain of dependent adds of a register (one a cycle) on
+  this thread: what turns a kernel's seconds per entry into cycles without assuming a clock.
 - `triad_rate(nbytes, threads)`: bytes/s of a[i] = b[i] + s·c[i] on three float32 arrays of
   `nbytes` together, counting each array once (3·n·4 bytes, STREAM's convention: the
   write-allocate read of `a` that a cache without streaming stores does is *not* counted,

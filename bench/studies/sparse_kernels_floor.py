@@ -13,7 +13,7 @@ thread), the three ops a training step calls, on this thread's CPU clock:
 each alone (the same op called repeatedly: the branch predictor learns its index) and in a
 step (forward, then dvalues, alternating, as training calls them). The minimum over the
 repeats of the mean of a block of calls, in µs, ns per kept entry and cycles per kept entry at
-the core's clock, measured by a chain of dependent integer adds (`bench.harness.native_peak.
+the core's clock, measured by a chain of dependent adds of a register (`bench.harness.native_peak.
 clock_ghz`; `--ghz` sets it instead, as the printed line says).
 
 `--step` adds, per head, what the engineered protocol's ratio (issue 41) would be with the two

@@ -128,12 +128,14 @@ def test_native_peaks_and_triad_run():
 
 
 def test_the_clock_is_a_core_clock_and_agrees_with_the_fma_peak():
-    """clock_ghz: a chain of dependent adds, one a cycle. A chain can run no faster than one
-    add a cycle (its result checks that none was dropped), so the clock can only read low:
-    an add taking two cycles would halve it. The one-core FMA peak over it is then at most
-    the widest x86 core's 64 float32 FLOPs a cycle (2 FMA pipes × 16 lanes × 2) and at least
-    a 256-bit single-pipe core's 16, with a margin for a core that clocks down for vector
-    work (some Intel parts under AVX-512) and for the two being timed at different moments."""
+    """clock_ghz: a chain of dependent adds of a register, one a cycle. Such a chain can run
+    no faster than one add a cycle (its result checks that none was dropped), so the clock can
+    only read low: an add taking two cycles would halve it. Adds of an immediate would not do:
+    Intel's renamer folds several a cycle (an Emerald Rapids read 16 "GHz", caught here).
+    The one-core FMA peak over it is then at most the widest x86 core's 64 float32 FLOPs a
+    cycle (2 FMA pipes × 16 lanes × 2) and at least a 256-bit single-pipe core's 16, with a
+    margin for a core that clocks down for vector work (some Intel parts under AVX-512) and
+    for the two being timed at different moments."""
     kernels = _native_or_skip()
     ghz = native_peak.clock_ghz(min_time_s=0.02)
     assert 0.5 < ghz < 7.0

@@ -13,9 +13,12 @@
 //       the fastest of `reps` rounds of a[i] = b[i] + s * c[i] (float32, split in contiguous
 //       chunks across `threads` threads started once), in seconds.
 //   glai_peak::clock(int iterations) -> float
-//       the seconds of `iterations` × 100 dependent integer adds on this thread (x86): one a
-//       cycle on every x86 core of the last two decades, so iterations × 100 / seconds is the
-//       core's clock while it runs one thread's integer work.
+//       the seconds of `iterations` × 100 dependent register-to-register integer adds on this
+//       thread (x86): one a cycle on every x86 core of the last two decades, so iterations ×
+//       100 / seconds is the core's clock while it runs one thread's integer work. Not adds of
+//       an immediate: Intel's cores since Golden Cove fold chains of those at rename, several a
+//       cycle (an Emerald Rapids read 15 "GHz"), where an add of a register's value must
+//       execute.
 //
 // FLOPs: an FMA lane is 2 (multiply, add). vdpbf16ps adds two bf16 products into each float32
 // lane: 2 products and 2 adds, 4 FLOPs per lane, 64 per 512-bit instruction. An AMX
@@ -306,20 +309,22 @@ double triad(at::Tensor a, const at::Tensor& b, const at::Tensor& c, double s, i
   });
 }
 
-#define PEAK_ADD10 "add $1, %0\n\t" "add $1, %0\n\t" "add $1, %0\n\t" "add $1, %0\n\t" \
-                  "add $1, %0\n\t" "add $1, %0\n\t" "add $1, %0\n\t" "add $1, %0\n\t" \
-                  "add $1, %0\n\t" "add $1, %0\n\t"
+#define PEAK_ADD10 "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t" \
+                  "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t" "add %1, %0\n\t" \
+                  "add %1, %0\n\t" "add %1, %0\n\t"
 
 double clock(int64_t iterations) {
   TORCH_CHECK(iterations > 0, "glai_peak::clock: iterations > 0");
 #if PEAK_X86
   uint64_t x = 0;
+  const uint64_t one = 1;  // an operand in a register: the renamer cannot fold its adds
   const Clock::time_point start = Clock::now();
   for (int64_t i = 0; i < iterations; ++i) {
     // a chain: each add waits for the one before (the loop's own counter is another chain)
     asm volatile(PEAK_ADD10 PEAK_ADD10 PEAK_ADD10 PEAK_ADD10 PEAK_ADD10 PEAK_ADD10 PEAK_ADD10
                  PEAK_ADD10 PEAK_ADD10 PEAK_ADD10
-                 : "+r"(x));
+                 : "+r"(x)
+                 : "r"(one));
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   TORCH_CHECK(x == static_cast<uint64_t>(iterations) * 100, "glai_peak::clock: the chain was cut");
