@@ -51,12 +51,16 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "glai_kernels")
     # one worker per core (at most 4): on CI's two cores 7 minutes instead of 10.6
     # (docs/notes/ci.md, "CI's correctness suite over two workers"); the slowest tests named in
-    # the log: where CI's minutes go
-    session.run("pytest", "correctness/", "-n", "auto", "--maxprocesses", "4",
-                "--durations=15", *session.posargs)
-    # the benchmark suite's own tests, one process: some time real runs against each other
-    # (the gate's planted slowdown), which a second worker would disturb
-    session.run("pytest", "bench/tests/", "--benchmark-disable", "-q")
+    # the log: where CI's minutes go. The benchmark suite's tests that time nothing they
+    # assert on (bench/tests/conftest.py, `shares_cores`) run on the same workers
+    session.run("pytest", "correctness/", "bench/tests/", "-m", "not serial", "-n", "auto",
+                "--maxprocesses", "4", "--durations=15", "--benchmark-disable",
+                *session.posargs)
+    # the rest of bench/tests, alone in one process: they time real runs against each other
+    # (the gate's planted slowdown), against the ceilings or against a time limit, which a
+    # second worker would disturb (docs/notes/ci.md, "bench/tests beside the correctness
+    # suite (stop 54)")
+    session.run("pytest", "bench/tests/", "-m", "serial", "--benchmark-disable", "-q")
 
 
 @nox.session

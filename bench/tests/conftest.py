@@ -8,6 +8,9 @@ clocks and power limit) to pytest-benchmark's machine info, so a saved JSON
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from bench.harness import provenance
@@ -24,5 +27,28 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         machine_info["gpu"] = {k: v for k, v in info.items() if k.startswith(("gpu_", "cuda"))}
 
 
+HERE = Path(__file__).resolve().parent
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "benchcase: a timed pytest-benchmark case")
+    config.addinivalue_line(
+        "markers", "shares_cores: a module whose tests time nothing they assert on, so they "
+                   "may run beside another worker (`nox -s tests` runs them on pytest-xdist's "
+                   "workers with the correctness suite)")
+    config.addinivalue_line(
+        "markers", "serial: added to every test here not marked shares_cores; `nox -s tests` "
+                   "runs these alone in one process, after everything else")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `serial` every test of bench/tests whose module does not claim `shares_cores`.
+
+    Serial is the default: a new module whose tests compare timings, measure ceilings or run
+    against a time limit is safe without saying anything, and only a module that times nothing
+    it asserts on opts into sharing the cores (docs/notes/ci.md, "bench/tests beside the
+    correctness suite (stop 54)")."""
+    for item in items:
+        if (Path(str(item.fspath)).resolve().parent == HERE
+                and item.get_closest_marker("shares_cores") is None):
+            item.add_marker(pytest.mark.serial)

@@ -27,6 +27,9 @@ from glai_kernels import registry
 from glai_kernels.glai.paper_training import paper_training
 from glai_kernels.paper_heads import PAPER_HEADS
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 DEFAULT_CASES = [
     Case("heads", head, PAPER_HEADS[head].shape(paper_training(PAPER_HEADS[head]).batch_size),
          "float32",

@@ -11,6 +11,9 @@ import torch
 
 from bench.studies import call_anatomy
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 CPU_KIND, CUDA_KIND = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 

@@ -10,6 +10,9 @@ import pytest
 
 from bench.tools import check_cuda
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 # ptxas -v output in the form nvcc 12 and 13 print it (one kernel clean, one spilling, one
 # device function with a stack frame only)
 PTXAS_LOG = """\

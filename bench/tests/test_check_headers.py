@@ -15,8 +15,10 @@ from torch.utils.cpp_extension import include_paths
 from bench.tools import check_headers
 from glai_kernels import extension_build
 
-pytestmark = pytest.mark.skipif(shutil.which(extension_build.cxx_compiler()) is None,
-                                reason="no C++ compiler")
+# compiles, times nothing: runs beside the correctness suite's workers (conftest.py)
+pytestmark = [pytest.mark.skipif(shutil.which(extension_build.cxx_compiler()) is None,
+                                 reason="no C++ compiler"),
+              pytest.mark.shares_cores]
 
 
 def test_the_eager_node_compiles_against_this_torch():

@@ -14,6 +14,9 @@ import pytest
 from bench import __main__ as bench_main
 from glai_kernels import cli
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

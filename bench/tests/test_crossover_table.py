@@ -14,6 +14,9 @@ from bench.harness.sweeps import matched_keep
 from glai_kernels.dispatch import crossover
 from glai_kernels.paper_heads import PAPER_HEADS
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 KIND = "cuda-Fake-GPU-sm90"
 DENSE_S = 1e-3
 

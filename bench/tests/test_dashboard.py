@@ -20,6 +20,9 @@ from bench.tests.helpers import HISTORY_KIND as KIND
 from bench.tests.helpers import MALFORMED, write_malformed
 from bench.tests.helpers import history_results as results
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                 "google-chrome"))), None)
 needs_chromium = pytest.mark.skipif(

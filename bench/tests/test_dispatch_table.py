@@ -13,6 +13,9 @@ from bench.reporting import summary
 from bench.tests.helpers import run_meta, table_row
 from glai_kernels import dispatch, registry
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 
 @pytest.fixture
 def built():

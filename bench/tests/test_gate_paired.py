@@ -17,6 +17,9 @@ from bench.gate import cli, paired
 from bench.gate.store import ROOT, accept
 from bench.tests.helpers import fake_run
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 
 def runs(seed: int, n: int, noise: float = 0.03, **slow) -> list[dict]:
     rng = np.random.default_rng(seed)

@@ -21,6 +21,9 @@ from bench.tests.helpers import HISTORY_KIND as KIND
 from bench.tests.helpers import MALFORMED, write_malformed
 from bench.tests.helpers import history_results as results
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 
 def test_append_then_load_round_trips(tmp_path):
     first = history.append(results(commit="1" * 40, date="2026-11-20T00:00:00+00:00"), tmp_path)

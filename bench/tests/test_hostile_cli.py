@@ -28,6 +28,9 @@ from bench.reporting import history, render, summary
 from bench.tests.helpers import HISTORY_KIND, fake_run, history_results, write_run
 from bench.tests.helpers import table_row as _row
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 ROOT = Path(__file__).resolve().parents[2]
 # the gate's machine kind of helpers.fake_run's results
 GATE_KIND = "cpu-2core-TestCPU-family-1-model-1"

@@ -8,7 +8,12 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.tools import lease_summaries
+
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
 
 ENERGY_FIELDS = ("head", "batch", "pass", "backend", "median_s", "energy_j", "power_w",
                  "energy_window_s", "note")

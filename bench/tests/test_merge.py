@@ -14,6 +14,9 @@ from bench.tests.helpers import MERGE_KIND as KIND
 from bench.tests.helpers import table_row as _row
 from bench.tests.helpers import write_run as _run
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 
 @pytest.fixture
 def two_runs(tmp_path):

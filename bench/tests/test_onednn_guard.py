@@ -7,6 +7,9 @@ import pytest
 
 from bench.harness import onednn_guard
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 
 def test_the_amx_flag_is_read_from_cpuinfo():
     assert onednn_guard.cpu_has_amx("processor: 0\nflags\t: fpu avx512f amx_bf16 amx_tile\n")

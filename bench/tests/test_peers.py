@@ -16,6 +16,9 @@ from glai_kernels import registry
 from reference import abs_forward64, abs_grads64, forward64, grads64, make_inputs
 from reference.verdict import judge
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 CPU = torch.device("cpu")
 
 

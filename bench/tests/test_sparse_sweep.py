@@ -26,6 +26,9 @@ from bench.harness.sweeps import (
 from bench.reporting import dashboard, history, kept_report, plots, summary
 from glai_kernels.paper_heads import PAPER_HEADS
 
+# times nothing it asserts on: runs beside the correctness suite's workers (conftest.py)
+pytestmark = pytest.mark.shares_cores
+
 CPU = torch.device("cpu")
 # A1 at B = 16 and two μ (50% and the matched 2.96%): seconds
 TINY_KEPT = Preset(name="tiny-kept", description="test preset",
