@@ -43,6 +43,19 @@ def backend_device(request) -> tuple[str, str]:
     return request.param
 
 
+def pytest_collection_modifyitems(config, items):
+    """The paper heads' checks in head and device order, backends within each (collection gives
+    backends outside): a worker then checks one head's draw on the backends in a row, and
+    checker.check(memo=True) reuses its float64 oracle instead of drawing B1's 52 M weights
+    and their oracle again for each backend."""
+    places = [i for i, item in enumerate(items)
+              if getattr(item, "originalname", None) == "test_paper_heads_small_batch"]
+    by_head = sorted((items[i] for i in places), key=lambda item: (
+        item.callspec.params["head"].name, item.callspec.params["backend_device"][1]))
+    for i, item in zip(places, by_head, strict=True):
+        items[i] = item
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: runs on a CUDA device")
     config.addinivalue_line("markers", "slow: a long case (the paper's large heads)")

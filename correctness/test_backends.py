@@ -98,7 +98,7 @@ def test_paper_heads_small_batch(backend_device, head):
     name, device = backend_device
     shape = head.shape(batch=2)
     _assert_passes(check(_fn(name), shape.batch, shape.inputs, shape.paths, shape.outputs,
-                         device=device, seed=4))
+                         device=device, seed=4, memo=True))
 
 
 def test_gradcheck_float64(backend_device):

@@ -80,3 +80,28 @@ def test_checker_catches_a_backend_that_modifies_its_input():
     finally:
         registry.unregister("mutating")
     assert [f.quantity for f in failures] == ["input x was modified"]
+
+
+def test_a_memoised_draw_is_out_of_reach_of_a_backend_that_modifies_it():
+    """check(memo=True) hands each call clones of the kept draw: a backend that writes into
+    its inputs is caught, and the next check of the same draw still judges the correct
+    backend right, with the oracle of the values as drawn."""
+    def mutating(x, act, weight, bias):
+        y = glai_kernels.estimator(x, act, weight, bias, backend="einsum")
+        with torch.no_grad():  # as a kernel writing through its pointers would
+            x.mul_(2)
+            weight.add_(1)
+        return y
+
+    def einsum(x, act, weight, bias):
+        return glai_kernels.estimator(x, act, weight, bias, backend="einsum")
+
+    first = check(mutating, 3, 5, 4, 2, seed=13, grads=(), memo=True)
+    assert [f.quantity for f in first] == ["input x was modified", "input weight was modified"]
+    assert check(einsum, 3, 5, 4, 2, seed=13, memo=True) == []
+    assert check(einsum, 3, 5, 4, 2, seed=13, memo=True) == []  # the kept gradients' oracle
+
+    def wrong_dx(x, act, weight, bias):  # the right y, dx off by 0.5 everywhere
+        return einsum(x, act, weight, bias) + 0.5 * (x - x.detach()).sum(1, keepdim=True)
+
+    assert [f.quantity for f in check(wrong_dx, 3, 5, 4, 2, seed=13, memo=True)] == ["dx"]
