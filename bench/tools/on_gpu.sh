@@ -49,10 +49,11 @@
 #     TEST_FOCUS="test_sparse.py and compile" bash bench/tools/on_gpu.sh   # those tests first,
 #                                         # alone, cpu and cuda ids, whole tracebacks
 #     PIPE_S=90 PIPE_PRESET=quick ...   # the defaults: after the kernel sweep, the GLAI pipeline
-#         of the six heads, one seed, each (head, data, seed) unit in its own process and cut
-#         off past PIPE_UNIT_S (default PIPE_S/6); a unit that could not finish before the
-#         step's end is not started (the report names it), and the report is rewritten after
-#         every unit (/tmp/pipeline, in the archive). PIPE_S=0: none.
+#         of the six heads (PIPE_HEADS=A2,C1: a subset), one seed, each (head, data, seed)
+#         unit in its own process and cut off past PIPE_UNIT_S (default PIPE_S/6); a unit
+#         that could not finish before the step's end is not started (the report names it),
+#         and the report is rewritten after every unit (/tmp/pipeline, in the archive).
+#         PIPE_S=0: none.
 #     TEST_S=0 skips the tests; BENCH_PRESET=quick BENCH_HEADS=A1 BENCH_DTYPES=float32 narrow
 #     the kernel sweep (BENCH_HEADS, default C1,C2,B2,A1,A2,B1, is also the order measured).
 #     KEPT_S=90 ...   # the default on CUDA (0 elsewhere): after the pipeline, the kept-fraction
@@ -70,7 +71,8 @@
 #       BENCH_PRESET=quick BENCH_BACKENDS=einsum,torch BENCH_HEADS=A1 BENCH_DTYPES=float32 \
 #       TC_S=30 TC_PRESET=quick TC_HEADS=A1 TC_BATCHES=16 TC_DTYPES=float32,float16 \
 #       TC_BACKENDS=torch \
-#       PIPE_S=60 PIPE_UNIT_S=30 ANATOMY_S=25 ANATOMY_HEADS=A2 bash bench/tools/on_gpu.sh
+#       PIPE_S=60 PIPE_UNIT_S=30 PIPE_HEADS=A2,C1 ANATOMY_S=25 ANATOMY_HEADS=A2 \
+#       bash bench/tools/on_gpu.sh
 #
 # Needs torch with CUDA, nvcc, triton, pytest, pytest-xdist and pytest-timeout where it runs;
 # installs nothing (the repository is imported from the checkout).
@@ -240,15 +242,15 @@ if [ "$TC_S" -gt 0 ]; then
   fi
 fi
 if [ "$PIPE_S" -gt 0 ]; then
-  # one seed of the six heads; a unit past its limit is stopped and named in the report, one
-  # that could not finish before the step's end is not started (named too), and the report is
-  # rewritten after every unit
+  # one seed of the six heads (or PIPE_HEADS'); a unit past its limit is stopped and named in
+  # the report, one that could not finish before the step's end is not started (named too),
+  # and the report is rewritten after every unit
   step "pipeline: ${PIPE_PRESET:-quick}, one seed" | tee -a "$OUT/steps.txt"
   budget=$(( $(left) - 10 - ${TRITON_S:-0} - ${REPEAT_S:-0} - KEPT_S ))
   rm -rf $WORK/pipeline
   if [ "$budget" -ge "${STEP_FLOOR_S:-30}" ]; then
     timeout -k 10 "$budget" "$PY" -m bench pipeline --preset "${PIPE_PRESET:-quick}" \
-      --seeds 1 --device "${BENCH_DEVICE:-cuda}" --jobs 1 \
+      --seeds 1 --device "${BENCH_DEVICE:-cuda}" --jobs 1 ${PIPE_HEADS:+--heads "$PIPE_HEADS"} \
       --unit-time-limit "${PIPE_UNIT_S:-$(( budget / 6 ))}" \
       --time-limit $(( budget - BACKSTOP_S )) --no-progress --out $WORK/pipeline \
       >>"$OUT/bench.log" 2>&1
