@@ -203,6 +203,17 @@ def _family_first(unit: Unit) -> int:
     return {"B": 0, "C": 1}.get(unit.head.family, 2)
 
 
+def launch_order(units: list[Unit], limited: bool) -> list[Unit]:
+    """The order units start in: the longest families first (the shortest wall clock when
+    every unit runs); under a run's time limit (`limited`), seed by seed, each seed's longest
+    families first, so the units a limit leaves out are the later seeds' and every head gets
+    its first seed (docs/notes/benchmarks.md, "A first run sized to the machine (issue 41
+    item 3, stop 54)")."""
+    if not limited:
+        return sorted(units, key=_family_first)
+    return sorted(units, key=lambda unit: (unit.seed, _family_first(unit)))
+
+
 Done = Callable[[Unit, "tuple[list[dict], str, str, float] | None", str], None]
 # the report's reserve before its first write is timed: 2 s measured for ten records on this
 # project's 2-core CPU (six PNG figures), about twice that
@@ -213,25 +224,41 @@ REPORT_RESERVE_S = 5.0
 class RunClock:
     """A pipeline run's time limit: `end` (time.monotonic()) by which it has ended, its report
     written; `report_s` the reserve for that last write (twice the slowest write so far, at
-    least REPORT_RESERVE_S)."""
+    least REPORT_RESERVE_S). `priors`: each unit's expected wall seconds where the preset
+    prices its units (`bar_costs`); `pace`: the largest ratio of an ended unit's seconds to
+    its prior so far, this machine's pace against the machine the priors came from."""
 
     end: float
     limit_s: float
     report_s: float = REPORT_RESERVE_S
     longest_unit_s: float = 0.0
+    priors: dict = dataclasses.field(default_factory=dict)
+    pace: float = 0.0
 
     def work_left_s(self) -> float:
         """Seconds a unit may still run: to the end, less the report's reserve."""
         return self.end - self.report_s - time.monotonic()
 
-    def starts(self, unit_limit_s: float | None) -> bool:
-        """Whether a unit can finish in what is left: before any unit has ended, one that
-        may take the unit time limit; after, one half as long again as the longest so far
-        (the units run the longest families first), at most the unit time limit."""
+    def need_s(self, unit_limit_s: float | None, unit: Unit | None = None) -> float:
+        """The seconds a unit is expected to need, at most the unit time limit: before any
+        unit has ended, nothing but that limit; after, its prior at the pace seen so far
+        where it has a prior, else half as long again as the longest unit so far."""
         need = unit_limit_s if unit_limit_s is not None else 0.0
+        if self.pace > 0 and unit in self.priors:
+            return min(need or math.inf, self.pace * self.priors[unit])
         if self.longest_unit_s > 0:
             need = min(need or math.inf, 1.5 * self.longest_unit_s)
-        return self.work_left_s() >= need
+        return need
+
+    def starts(self, unit_limit_s: float | None, unit: Unit | None = None) -> bool:
+        """Whether `unit` can finish in what is left (`need_s`)."""
+        return self.work_left_s() >= self.need_s(unit_limit_s, unit)
+
+    def ended(self, unit: Unit, seconds: float) -> None:
+        """A unit ended after `seconds` of wall clock: the longest so far, and the pace."""
+        self.longest_unit_s = max(self.longest_unit_s, seconds)
+        if self.priors.get(unit, 0) > 0:
+            self.pace = max(self.pace, seconds / self.priors[unit])
 
     def wrote(self, seconds: float) -> None:
         self.report_s = max(self.report_s, 2 * seconds)
@@ -242,25 +269,23 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
                    jobs: int, limit_s: float | None, done: Done,
                    on_start: Callable[[Unit], None] | None = None,
                    clock: RunClock | None = None) -> None:
-    """Each unit in a fresh process of its own, `jobs` at once, the longest families first;
-    one running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
+    """Each unit in a fresh process of its own, `jobs` at once, in `launch_order`; one
+    running past `limit_s` seconds is killed. `done(unit, outcome, status)` is called as
     each ends, status "ok" (outcome its `_run_unit` result), "timed out" or "failed"
     (outcome None); `on_start(unit)` as each starts. With `clock`, a unit it says cannot
-    finish is not started (status "not run") and one still running at its end is killed
-    (status "run limit")."""
+    finish is not started (status "not run"; a later, shorter one may still be) and one
+    still running at its end is killed (status "run limit")."""
     context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
-    waiting = sorted(units, key=_family_first)
+    waiting = launch_order(units, limited=clock is not None)
     running: dict[Unit, tuple[multiprocessing.process.BaseProcess, float, pathlib.Path]] = {}
     with tempfile.TemporaryDirectory(prefix="glai-units-") as tmp:
         try:
             while waiting or running:
                 while waiting and len(running) < jobs:
-                    if clock is not None and not clock.starts(limit_s):
-                        for unit in waiting:
-                            done(unit, None, "not run")
-                        waiting.clear()
-                        break
                     unit = waiting.pop(0)
+                    if clock is not None and not clock.starts(limit_s, unit):
+                        done(unit, None, "not run")
+                        continue
                     result = pathlib.Path(tmp) / f"unit-{len(units) - len(waiting)}.pkl"
                     process = context.Process(target=_unit_process, daemon=True,
                                               args=(preset, unit, data_files, threads, result))
@@ -282,8 +307,7 @@ def _run_processes(preset: Preset, units: list[Unit], data_files: dict, threads:
                     process.join()
                     del running[unit]
                     if clock is not None:
-                        clock.longest_unit_s = max(clock.longest_unit_s,
-                                                   time.monotonic() - began)
+                        clock.ended(unit, time.monotonic() - began)
                     if process.exitcode == 0 and result.exists():
                         done(unit, pickle.loads(result.read_bytes()), "ok")
                     else:
@@ -454,6 +478,8 @@ def _run_config(preset: Preset, out_dir: pathlib.Path, data_files: dict,
     at_once = max(1, min(jobs, len(units)))
     costs, seconds_per_cost = bar_costs(preset, units)
     prior = None if seconds_per_cost is None else seconds_per_cost / at_once
+    if clock is not None and seconds_per_cost is not None:
+        clock.priors = {unit: costs[unit] * seconds_per_cost for unit in units}
     with EtaBar(costs, desc=f"GLAI pipeline ({preset.name})", unit="run",
                 disable=not progress, prior_s_per_cost=prior, jobs=at_once) as bar:
         collector = _Collector(preset, out_dir, units, meta, bar, clock)

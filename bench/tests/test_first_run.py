@@ -408,12 +408,101 @@ def test_nox_bench_builds_the_extension_as_a_phase_and_prints_the_total(monkeypa
     namespace["bench"](session)
     runs = [c[1:] for c in session.calls if c[0] == "run"]
     assert runs[0] == ("python", "-m", "glai_kernels")  # the build, before the suite
-    assert runs[1] == ("glai-bench", "run", "--install-dispatch")  # the command's preset
+    # the command's preset, within what the 15 minutes leave (here the "install" took no time)
+    assert runs[1][:4] == ("glai-bench", "run", "--install-dispatch", "--time-limit")
+    assert 880 <= int(runs[1][4]) <= 890
     logs = [c[1] for c in session.calls if c[0] == "log"]
-    assert logs[0].startswith("nox -s bench: ") and "s in all" in logs[0]
-    assert [line.split("  ")[1] for line in logs[1:4]] == [
+    assert "sized to answer within 15 minutes" in logs[0] and "--time-limit" in logs[0]
+    assert logs[1].startswith("nox -s bench: ") and "s in all" in logs[1]
+    assert [line.split("  ")[1] for line in logs[2:5]] == [
         "venv and install", "extension build (python -m glai_kernels)",
         "glai-bench run (its phases above)"]
+    # arguments of the user's own: exactly those, no limit
+    session = Session()
+    session.posargs = ["--preset", "first-run"]
+    namespace["bench"](session)
+    assert [c[1:] for c in session.calls if c[0] == "run"][1] == (
+        "glai-bench", "run", "--install-dispatch", "--preset", "first-run")
+
+
+def test_one_time_limit_for_both_suites_caps_the_kernels_and_gives_the_pipeline_the_rest(
+        tmp_path, monkeypatch):
+    limits = {}
+
+    def kernels(*args, time_limit_s=None, **kwargs):
+        limits["kernels"] = time_limit_s
+        return types.SimpleNamespace(table=[], meta={}, files=[])
+
+    monkeypatch.setattr("bench.harness.suite.run", kernels)
+    monkeypatch.setattr(cli, "run_pipeline", lambda preset, out, shard, time_limit_s=None:
+                        limits.__setitem__("pipeline", time_limit_s))
+    argv = ["--device", "cpu", "--no-history", "--out", str(tmp_path / "k"),
+            "--pipeline-out", str(tmp_path / "p"), "--time-limit", "500"]
+    assert cli.main(argv) == 0
+    assert limits["kernels"] == pytest.approx(500 * cli.KERNEL_SHARE)
+    assert 495 < limits["pipeline"] <= 500  # the kernels took no time here
+    limits.clear()
+    assert cli.main([*argv, "--suite", "kernels"]) == 0
+    assert limits == {"kernels": 500}
+    assert cli.main(argv[:-2]) == 0
+    assert limits == {"kernels": None, "pipeline": None}
+
+
+def test_under_a_limit_the_units_start_seed_by_seed():
+    units = pipeline_runner.units_of(pipeline_presets.PRESETS["first-run"], {})
+    unlimited = pipeline_runner.launch_order(units, limited=False)
+    assert [(u.head.name, u.seed) for u in unlimited[:4]] == [
+        ("B1", 0), ("B1", 1), ("B2", 0), ("B2", 1)]
+    limited = pipeline_runner.launch_order(units, limited=True)
+    assert [u.seed for u in limited] == [0] * 6 + [1] * 6
+    assert [u.head.name for u in limited[:6]] == ["B1", "B2", "C1", "C2", "A1", "A2"]
+    assert sorted(map(str, limited)) == sorted(map(str, units))
+
+
+def test_a_units_need_is_its_prior_at_the_pace_seen_so_far():
+    a, b, c = (pipeline_runner.Unit(PAPER_HEADS[h], "synthetic", 0) for h in ("A1", "B1", "C1"))
+    clock = pipeline_runner.RunClock(time.monotonic() + 100, 100, report_s=5,
+                                     priors={a: 10.0, b: 40.0})
+    assert clock.need_s(None, b) == 0 and clock.need_s(30, b) == 30  # no unit ended yet
+    clock.ended(a, 20.0)  # twice its prior: this machine's pace
+    assert clock.pace == 2 and clock.need_s(None, b) == 80 and clock.starts(None, b)
+    assert clock.need_s(30, b) == 30  # at most the unit time limit
+    clock.ended(b, 40.0)  # faster than the pace: the largest ratio stays
+    assert clock.pace == 2 and clock.longest_unit_s == 40
+    assert clock.need_s(None, c) == 60  # no prior: half as long again as the longest
+    assert not pipeline_runner.RunClock(time.monotonic() + 50, 50, report_s=5,
+                                        priors={b: 40.0}, pace=2.0).starts(None, b)
+
+
+def test_a_unit_that_cannot_finish_is_passed_over_for_a_shorter_one(monkeypatch):
+    class Inline:  # a "process" that runs its target when started
+        def __init__(self, target, args, daemon):
+            self.target, self.args, self.exitcode = target, args, None
+
+        def start(self):
+            self.target(*self.args)
+            self.exitcode = 0
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    monkeypatch.setattr(pipeline_runner.multiprocessing, "get_context",
+                        lambda kind: types.SimpleNamespace(Process=Inline))
+    monkeypatch.setattr(pipeline_runner, "_run_unit",
+                        lambda preset, unit, files, threads: ([{"seed": unit.seed}], "d", "", 0.0))
+    b1 = [pipeline_runner.Unit(PAPER_HEADS["B1"], "synthetic", s) for s in (0, 1)]
+    a2 = pipeline_runner.Unit(PAPER_HEADS["A2"], "synthetic", 1)
+    # B1's second seed would need 100 s at the pace seen, A2's 1 s: 60 s are left
+    clock = pipeline_runner.RunClock(time.monotonic() + 60, 60, report_s=5, pace=1.0,
+                                     priors={b1[0]: 1.0, b1[1]: 100.0, a2: 1.0})
+    ended = []
+    pipeline_runner._run_processes(pipeline_presets.PRESETS["first-run"], [*b1, a2], {}, 1, 1,
+                                   None, lambda unit, outcome, status: ended.append(
+                                       (unit.head.name, unit.seed, status)), None, clock)
+    assert ended == [("B1", 0, "ok"), ("B1", 1, "not run"), ("A2", 1, "ok")]
 
 
 def test_units_in_processes_tell_the_bar_each_start(monkeypatch):
