@@ -76,10 +76,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite on the first-run preset (about 15 minutes on 2 CPU cores: the
-    paper's heads at the paper's batch with the peers, the kept-fraction crossover, the
-    pipeline's two-protocol tables) and whatever device is present; `nox -s bench --
-    --preset quick|first-run|long|full --backends ... --device ...`. The run's dispatch table
+    """The benchmark suite on the first-run preset (the paper's heads at the paper's batch
+    with the peers, the kept-fraction crossover, the pipeline's two-protocol tables) and
+    whatever device is present, answering within 15 minutes of the session's start (on a
+    machine too slow for all of it, the pipeline leaves out later seeds' units and names
+    them); `nox -s bench -- --preset quick|first-run|long|full --backends ... --device ...`
+    (arguments of your own: no time limit). The run's dispatch table
     (measured winners) is installed into glai_kernels/dispatch/, so `auto` follows this
     machine's measurements from then on. Ends with the seconds of each phase and the total."""
     _install(session, "bench")

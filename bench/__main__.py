@@ -196,6 +196,21 @@ def run_pipeline(preset: str, out_dir: Path, shard: shards.Shard | None = None,
     return True
 
 
+def units_left_out(results: Path, preset: str) -> str:
+    """The line saying how many of a time-limited pipeline's units ran, and which did not."""
+    try:
+        units = json.loads(results.read_text())["meta"]["units"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"pipeline: no report to read at {results} ({e})"
+    line = f"pipeline: {len(units['done'])} of {len(units['planned'])} units ran"
+    left_out = units.get("not_run", []) + units.get("cut_off", [])
+    if not left_out:
+        return line + " within the time limit"
+    return (f"{line}; the time limit left out {'; '.join(left_out)} (the tables' means are "
+            f"over the units that ran; `glai-bench run --preset {preset}` without "
+            "--time-limit runs them all)")
+
+
 def overview() -> str:
     """The top-level help: the commands, one line each."""
     width = max(map(len, COMMANDS))
@@ -344,6 +359,8 @@ def run(argv: list[str]) -> int:
               + ("" if left is None else f", within the {left:.0f} s left of the run's limit"))
         with phases.phase(f"pipeline ({pipeline} preset)"):
             run_pipeline(pipeline, args.pipeline_out, shard, time_limit_s=left)
+        if left is not None and shard is None:
+            print(units_left_out(args.pipeline_out / "results.json", args.preset))
     print("\n".join(phases.lines("glai-bench run")))
     return 0
 

@@ -5,10 +5,12 @@
            variant, short cost probes, no torch.compile'd MLP step (the engineered protocol's
            MLPs take the hand-fused step). Checks the machinery, measures nothing.
   first-run  what `nox -s bench` runs (its first-run preset, sized with the kernel suite for
-           about 15 minutes on 2 CPU cores): the default preset's data, seeds, epoch caps and
-           early stopping, both switches and both protocols, but no structured comparison row,
-           3 interleaved probe rounds of 16 steps (default: 7 of 32), and no torch.compile'd
-           MLP step (the engineered protocol's MLPs take the hand-fused step).
+           about 15 minutes on 2 CPU cores as fast as an AMD Zen 5; on a slower machine
+           `nox -s bench`'s time limit leaves out later seeds' units, named in the report:
+           bench/pipeline/runner.py, `launch_order`): the default preset's data, seeds,
+           epoch caps and early stopping, both switches and both protocols, but no structured
+           comparison row, 3 interleaved probe rounds of 16 steps (default: 7 of 32), and no
+           torch.compile'd MLP step (the engineered protocol's MLPs take the hand-fused step).
   default  `glai-bench pipeline`'s and the long kernel preset's (`nox -s bench -- --preset
            long`): the six heads at real sizes on synthetic data, 2 seeds,
            early stopping decides (epoch caps 150 (A: the A1 MLP was still improving at 60),

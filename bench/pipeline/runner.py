@@ -410,12 +410,15 @@ def coverage_note(meta: dict) -> str | None:
                      f"so not in the tables: {'; '.join(units['timed_out'])}")
     if units.get("failed"):
         parts.append(f"failed, so not in the tables: {'; '.join(units['failed'])}")
+    limit = meta.get("time_limit_s")
+    limit = f"{limit:.0f}" if isinstance(limit, int | float) else limit
     if units.get("cut_off"):
-        parts.append(f"stopped at the run's time limit of {meta.get('time_limit_s')} s, so not "
+        parts.append(f"stopped at the run's time limit of {limit} s, so not "
                      f"in the tables: {'; '.join(units['cut_off'])}")
     if units.get("not_run"):
-        parts.append(f"not run, the run's time limit of {meta.get('time_limit_s')} s leaving "
-                     f"too little for them: {'; '.join(units['not_run'])}")
+        parts.append(f"not run, the run's time limit of {limit} s leaving too little for "
+                     f"them, so the tables' means are over the units that ran: "
+                     f"{'; '.join(units['not_run'])}")
     missing = (meta.get("shards") or {}).get("missing")
     if missing:
         parts.append(f"merged without shard(s) {', '.join(map(str, missing))} of "

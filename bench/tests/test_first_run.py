@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import sys
 import time
 import types
@@ -533,3 +534,19 @@ def test_units_in_processes_tell_the_bar_each_start(monkeypatch):
                                    lambda unit, outcome, status: ended.append((unit, status)),
                                    started.append)
     assert started == units and [status for _, status in ended] == ["ok"] * 3
+
+
+def test_a_time_limited_run_says_which_units_its_pipeline_left_out(tmp_path):
+    results = tmp_path / "results.json"
+    units = {"planned": ["A1 on synthetic, seed 0", "B1 on synthetic, seed 1"],
+             "done": ["A1 on synthetic, seed 0"], "not_run": ["B1 on synthetic, seed 1"],
+             "cut_off": []}
+    results.write_text(json.dumps({"meta": {"units": units}}))
+    line = cli.units_left_out(results, "first-run")
+    assert line.startswith("pipeline: 1 of 2 units ran; the time limit left out B1 on "
+                           "synthetic, seed 1") and "--preset first-run" in line
+    units.update(done=units["planned"], not_run=[])
+    results.write_text(json.dumps({"meta": {"units": units}}))
+    assert cli.units_left_out(results, "first-run").endswith("2 of 2 units ran within the "
+                                                             "time limit")
+    assert "no report to read" in cli.units_left_out(tmp_path / "none.json", "first-run")
