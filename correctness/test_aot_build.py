@@ -81,8 +81,11 @@ def test_aot_wheel_carries_the_extension_and_is_loaded(tmp_path):
         pytest.skip(f"cannot build here: {extension_build.missing_tools()}")
     wheel = _wheel(tmp_path, build=True)
     names = zipfile.ZipFile(wheel).namelist()
-    assert [n for n in names if n.startswith("glai_kernels/_C") and n.endswith(".so")], names
+    libraries = [n for n in names if n.startswith("glai_kernels/_C") and n.endswith(".so")]
+    assert libraries, names
     assert "glai_kernels/_C.json" in names
+    # built with the JIT build's flags: no -g from Python's own (-g0), so no debug sections
+    assert b".debug_info" not in zipfile.ZipFile(wheel).read(libraries[0])
 
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
