@@ -150,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds: the run ends by itself within S of its start, closing "
                         "ceilings and reports included; shapes and backends whose estimates "
                         "do not fit are written as skipped, each saying why. With both suites "
-                        f"the kernel suite has at most {KERNEL_SHARE:.0%} of S and the "
+                        f"the kernel suite has at most {KERNEL_SHARE * 100:.0f}%% of S and the "
                         "pipeline what it leaves, its units seed by seed, so that a limit "
                         "leaves out later seeds' units, each named (default: none)")
     p.add_argument("--energy-window", type=non_negative_float, default=MIN_WINDOW_S,
