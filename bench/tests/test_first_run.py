@@ -475,8 +475,10 @@ def test_a_units_need_is_its_prior_at_the_pace_seen_so_far():
                                         priors={b: 40.0}, pace=2.0).starts(None, b)
 
 
-def test_a_unit_that_cannot_finish_is_passed_over_for_a_shorter_one(monkeypatch):
-    class Inline:  # a "process" that runs its target when started
+def _units_inline(monkeypatch) -> None:
+    """The pipeline's unit "processes" run their target in this one when started, and a
+    unit's work is one record naming its seed: `_run_processes` without spawning."""
+    class Inline:
         def __init__(self, target, args, daemon):
             self.target, self.args, self.exitcode = target, args, None
 
@@ -494,6 +496,10 @@ def test_a_unit_that_cannot_finish_is_passed_over_for_a_shorter_one(monkeypatch)
                         lambda kind: types.SimpleNamespace(Process=Inline))
     monkeypatch.setattr(pipeline_runner, "_run_unit",
                         lambda preset, unit, files, threads: ([{"seed": unit.seed}], "d", "", 0.0))
+
+
+def test_a_unit_that_cannot_finish_is_passed_over_for_a_shorter_one(monkeypatch):
+    _units_inline(monkeypatch)
     b1 = [pipeline_runner.Unit(PAPER_HEADS["B1"], "synthetic", s) for s in (0, 1)]
     a2 = pipeline_runner.Unit(PAPER_HEADS["A2"], "synthetic", 1)
     # B1's second seed would need 100 s at the pace seen, A2's 1 s: 60 s are left
@@ -509,24 +515,7 @@ def test_a_unit_that_cannot_finish_is_passed_over_for_a_shorter_one(monkeypatch)
 def test_units_in_processes_tell_the_bar_each_start(monkeypatch):
     # three units, two at a time: the third starts after the first ends (a parameter once
     # shadowed by the loop's start time failed exactly there, "'float' object is not callable")
-    class Inline:  # a "process" that runs its target when started
-        def __init__(self, target, args, daemon):
-            self.target, self.args, self.exitcode = target, args, None
-
-        def start(self):
-            self.target(*self.args)
-            self.exitcode = 0
-
-        def is_alive(self):
-            return False
-
-        def join(self, timeout=None):
-            pass
-
-    monkeypatch.setattr(pipeline_runner.multiprocessing, "get_context",
-                        lambda kind: types.SimpleNamespace(Process=Inline))
-    monkeypatch.setattr(pipeline_runner, "_run_unit",
-                        lambda preset, unit, files, threads: ([{"seed": unit.seed}], "d", "", 0.0))
+    _units_inline(monkeypatch)
     preset = pipeline_presets.PRESETS["first-run"]
     units = [pipeline_runner.Unit(PAPER_HEADS["A1"], "synthetic", s) for s in range(3)]
     started, ended = [], []
