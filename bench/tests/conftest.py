@@ -49,6 +49,5 @@ def pytest_collection_modifyitems(config, items):
     it asserts on opts into sharing the cores (docs/notes/ci.md, "bench/tests beside the
     correctness suite (stop 54)")."""
     for item in items:
-        if (Path(str(item.fspath)).resolve().parent == HERE
-                and item.get_closest_marker("shares_cores") is None):
+        if item.path.resolve().parent == HERE and item.get_closest_marker("shares_cores") is None:
             item.add_marker(pytest.mark.serial)
