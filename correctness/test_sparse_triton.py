@@ -191,3 +191,111 @@ def test_registers_and_imports_without_triton():
     blocked = "import sys\nsys.modules['triton'] = None  # import triton now fails"
     assert _cpu_reason_in_subprocess(blocked, {"TRITON_INTERPRET": "1"}) == \
         "triton is not installed"
+
+
+# ----------------------------------------------------------------------------------------
+# The interpreter's launches patch triton.language once per module (dense module's `_jit`)
+
+dense_triton = importlib.import_module("glai_kernels.backends.triton")
+interpreted_only = pytest.mark.skipif(
+    not sparse_triton.interpreted() or dense_triton._Interpreted is None,
+    reason="the kernels run compiled, or this triton's interpreter lacks what the fewer "
+           "patchings rest on")
+
+
+@contextlib.contextmanager
+def plain_interpreter():
+    """Every jitted function of the dense and sparse triton modules as triton's own
+    InterpretedFunction for the block: the interpreter as it patches by itself."""
+    from triton.runtime.interpreter import InterpretedFunction
+    jitted = [f for module in (dense_triton, sparse_triton) for f in vars(module).values()
+              if isinstance(f, dense_triton._Interpreted)]
+    for f in jitted:
+        f.__class__ = InterpretedFunction
+    try:
+        yield
+    finally:
+        for f in jitted:
+            f.__class__ = dense_triton._Interpreted
+
+
+def _patchings(monkeypatch) -> list[str]:
+    """The module of every function the interpreter patches triton.language for, from now."""
+    from triton.runtime import interpreter
+    seen: list[str] = []
+    plain = interpreter._patch_lang
+
+    def counting(fn):
+        seen.append(fn.__module__)
+        return plain(fn)
+
+    monkeypatch.setattr(interpreter, "_patch_lang", counting)
+    return seen
+
+
+@interpreted_only
+def test_a_launch_patches_once_per_module_and_gives_the_plain_interpreters_bits(monkeypatch):
+    """A forward and a backward of many groups: each launch patches triton.language at most
+    once for itself and once per module of the jitted functions it calls (this module's
+    helpers, triton's tl.sum and tl.zeros), where the interpreter alone patches at every
+    call, and every output is bit for bit the plain interpreter's. Afterwards the
+    interpreter's call is its own again."""
+    from triton.runtime.interpreter import InterpretedFunction
+    plain_call = InterpretedFunction.__call__
+    shape = (5, 9, 4, 3)
+    x, act, values, index = _layout(shape, Case(shape, mu=0.7), torch.float32, seed=11)
+    dy = torch.randn(shape[0], shape[3], generator=torch.Generator().manual_seed(12))
+
+    def run():
+        y = sparse_triton.triton_forward(x, act, values, index, config=SMALL)
+        grads = sparse_triton.triton_backward(dy, x, act, values, index, (True, True, True),
+                                              config=SMALL)
+        return [y, *grads]
+
+    launches = []
+    launch = dense_triton._Interpreted.run
+
+    def counted(self, *args, **kwargs):
+        launches.append(self.fn.__name__)
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(dense_triton._Interpreted, "run", counted)
+    seen = _patchings(monkeypatch)
+    fewer = run()
+    patched_fewer = len(seen)
+    # the launch itself, then at most the sparse module, the dense one and triton's standard
+    assert len(launches) >= 4 and patched_fewer <= 4 * len(launches), (launches, seen)
+    assert InterpretedFunction.__call__ is plain_call and not dense_triton._launch_patched
+    seen.clear()
+    with plain_interpreter():
+        plain = run()
+    assert len(seen) > 2 * patched_fewer, (len(seen), patched_fewer)
+    for a, b in zip(fewer, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+@interpreted_only
+def test_an_error_inside_a_launch_is_the_interpreters_and_restores_its_call():
+    """A helper that fails (an arange of 3, not a power of 2) fails the launch with the
+    interpreter's own error type, and the interpreter's call is restored all the same."""
+    from triton.runtime.errors import InterpreterError
+    from triton.runtime.interpreter import InterpretedFunction
+    plain_call = InterpretedFunction.__call__
+    out = torch.zeros(4)
+    with pytest.raises(InterpreterError, match="power of 2"):
+        _failing_kernel[(1,)](out, 3)
+    assert InterpretedFunction.__call__ is plain_call and not dense_triton._launch_patched
+    _failing_kernel[(1,)](out, 4)  # the same kernel, a right size: it runs after the failure
+    assert torch.equal(out, torch.ones(4))
+
+
+if dense_triton.tl is not None:
+    tl = dense_triton.tl
+
+    @dense_triton._jit
+    def _store_ones(ptr, N: tl.constexpr):  # noqa: N803 (triton: constants in capitals)
+        tl.store(ptr + tl.arange(0, N), tl.full((N,), 1.0, tl.float32))
+
+    @dense_triton._jit
+    def _failing_kernel(ptr, N: tl.constexpr):  # noqa: N803
+        _store_ones(ptr, N)

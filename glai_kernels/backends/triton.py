@@ -78,7 +78,65 @@ except ImportError:  # the backend still registers and says why it cannot run
 
 
 def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
+    """triton.jit; under the interpreter, `_Interpreted` (fewer re-patchings of triton.language)."""
+    if triton is None:
+        return fn
+    jitted = triton.jit(fn)
+    if _Interpreted is not None and type(jitted) is InterpretedFunction:
+        jitted.__class__ = _Interpreted
+    return jitted
+
+
+def _interpreted_class():
+    """InterpretedFunction whose launches patch triton.language fewer times, where this
+    triton's interpreter has what it rests on (else None: plain triton.jit).
+
+    A launch patches triton.language for the whole grid and restores it at its end; the
+    interpreter then patches again at every call of a jitted function inside (triton's own
+    tl.sum and tl.zeros, this module's helpers), though nothing undoes a patch before the
+    launch ends: the same attributes set to the same wrappers, ≈ 2.8 ms a call, 40% of the
+    interpreted sparse fuzzer's time (docs/notes/ci.md, "Triton's interpreter without the
+    repeated patching (stop 55)"). During one of this module's launches a call patches only
+    the first time for its function's module; then it is the interpreter's own call: the
+    rewritten function, its errors wrapped the same way. After the launch the interpreter's
+    call is as it was."""
+    from triton.runtime import interpreter
+
+    needed = (hasattr(InterpretedFunction, "rewrite") and hasattr(InterpretedFunction, "run")
+              and hasattr(interpreter, "_patch_lang")
+              and hasattr(interpreter, "InterpreterError"))
+    if not needed:
+        return None
+    plain_call = InterpretedFunction.__call__
+
+    def call_patching_once(self, *args, **kwargs):
+        patched = _launch_patched[-1]
+        if self.fn.__module__ not in patched:
+            interpreter._patch_lang(self.fn)
+            patched.add(self.fn.__module__)
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    class Interpreted(InterpretedFunction):
+        def run(self, *args, **kwargs):
+            _launch_patched.append(set())
+            InterpretedFunction.__call__ = call_patching_once
+            try:
+                return super().run(*args, **kwargs)
+            finally:
+                _launch_patched.pop()
+                if not _launch_patched:
+                    InterpretedFunction.__call__ = plain_call
+
+    return Interpreted
+
+
+# the modules whose jitted functions have patched triton.language in each running launch (a
+# stack: a launch inside a launch gets its own)
+_launch_patched: list[set[str]] = []
+_Interpreted = _interpreted_class() if InterpretedFunction is not None else None
 
 
 # ----------------------------------------------------------------------------------------
