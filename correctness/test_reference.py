@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -68,6 +69,45 @@ def test_error_where_no_terms_exist_is_infinite():
     zero = torch.zeros(2, dtype=torch.float64)
     assert math.isinf(worst_error(torch.tensor([0.0, 1e-30]), zero, zero))
     assert math.isinf(worst_error(torch.tensor([float("nan"), 0.0]), zero + 1, zero + 1))
+
+
+def _whole_tensor_worst_error(actual, expected64, scale64) -> float:
+    """worst_error's definition over the whole tensor at once (its form before stop 55)."""
+    err = (actual.to(torch.float64) - expected64).abs()
+    has_terms = scale64 > 0
+    ratio = torch.where(has_terms, err / torch.where(has_terms, scale64, 1.0),
+                        torch.where(err > 0, torch.inf, 0.0))
+    return float(torch.nan_to_num(ratio, nan=torch.inf, posinf=torch.inf).max())
+
+
+EDGE_VALUES = [0.0, 1.0, -1.0, 1e-300, math.inf, -math.inf, math.nan]
+EDGE_SCALES = [0.0, 2.0, math.inf, math.nan]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64],
+                         ids=["f32", "bf16", "f64"])
+def test_worst_error_in_steps_is_the_whole_tensor_definition(monkeypatch, dtype):
+    """Steps of 5 elements over 3 x 31 (non-contiguous, a transposed view): every pairing of
+    an edge value (0, 1, tiny, ±inf, NaN) with an expected value and a scale (0, 2, inf, NaN),
+    put at a seeded position among ordinary elements, gives the whole-tensor result, as do
+    the ordinary elements alone and steps where every scale is positive."""
+    monkeypatch.setattr(importlib.import_module("reference.tolerance"), "WORST_ERROR_CHUNK", 5)
+    g = torch.Generator().manual_seed(55)
+    expected = torch.randn(31, 3, generator=g, dtype=torch.float64)
+    scale = expected.abs() + torch.rand(31, 3, generator=g, dtype=torch.float64)
+    base = (expected + 1e-3 * torch.randn(31, 3, generator=g, dtype=torch.float64)).to(dtype)
+    actual = base.t()  # non-contiguous
+    cases = [(actual, expected.t(), scale.t())]
+    for a, e, s in [(a, e, s) for a in EDGE_VALUES for e in EDGE_VALUES for s in EDGE_SCALES]:
+        at = int(torch.randint(93, (1,), generator=g))
+        one_a, one_e, one_s = base.clone(), expected.clone(), scale.clone()
+        one_a.view(-1)[at], one_e.view(-1)[at], one_s.view(-1)[at] = a, e, s
+        cases.append((one_a.t(), one_e.t(), one_s.t()))
+    for a, e, s in cases:
+        assert not a.is_contiguous()
+        got, want = worst_error(a, e, s), _whole_tensor_worst_error(a, e, s)
+        assert got == want or (math.isnan(got) and math.isnan(want)), (a, e, s, got, want)
+    assert 0 < worst_error(*cases[0]) < math.inf
 
 
 def test_abs_scale_bounds_the_value():
