@@ -94,12 +94,12 @@ def _interpreted_class():
     A launch patches triton.language for the whole grid and restores it at its end; the
     interpreter then patches again at every call of a jitted function inside (triton's own
     tl.sum and tl.zeros, this module's helpers), though nothing undoes a patch before the
-    launch ends: the same attributes set to the same wrappers, ≈ 2.8 ms a call, 40% of the
-    interpreted sparse fuzzer's time (docs/notes/ci.md, "Triton's interpreter without the
-    repeated patching (stop 55)"). During one of this module's launches a call patches only
-    the first time for its function's module; then it is the interpreter's own call: the
-    rewritten function, its errors wrapped the same way. After the launch the interpreter's
-    call is as it was."""
+    launch ends: the same attributes set to the same wrappers, ≈ 2.8 ms a call, 31% of a
+    profile of the interpreted sparse fuzzer (its cases 21% faster without: docs/notes/ci.md,
+    "Triton's interpreter without the repeated patching (stop 55)"). During one of this
+    module's launches a call patches only the first time for its function's module; then it
+    is the interpreter's own call: the rewritten function, its errors wrapped the same way.
+    After the launch the interpreter's call is as it was."""
     from triton.runtime import interpreter
 
     needed = (hasattr(InterpretedFunction, "rewrite") and hasattr(InterpretedFunction, "run")
