@@ -56,7 +56,9 @@ def worst_error(actual: torch.Tensor, expected64: torch.Tensor, scale64: torch.T
     worst = 0.0
     for start in range(0, values.numel(), WORST_ERROR_CHUNK):
         part = slice(start, start + WORST_ERROR_CHUNK)
-        err = torch.sub(values[part], expected[part]).abs_()  # float64: the oracle is
+        # in float64 whatever the two dtypes (`to` may return the caller's own chunk: not
+        # written in place)
+        err = torch.sub(values[part].to(torch.float64), expected[part]).abs_()
         scale = scales[part]
         if bool((scale > 0).all()):
             ratio = float(err.div_(scale).max())  # NaN if any quotient is
