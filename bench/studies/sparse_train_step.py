@@ -48,6 +48,12 @@ without autograd and its selector alone; forward + loss + backward; the loss and
 alone (on a leaf y); torch.optim's Adam step and torch's `_fused_adam_` kernel alone. Derived:
 the backward through the estimator's autograd node, the optimizer's Python wrapper, the
 recording of the autograd graph, and what is left of the step (the pieces' interaction).
+`--beside MIB` times every step followed by an in-place pass over MIB MiB of float32 (an
+add of 1), with the pass alone timed in the same interleaving and subtracted from each step:
+the steps with their caches taken between steps, as other work in a training loop takes them,
+where the default repeats each step back to back (docs/notes/sparse.md, "The step on the Intel
+Xeon again: a noisy host, and the cache state both steps run in (issue 41, stop 56)").
+
 Timed by the suite's CPU timer (`bench.harness.timing.time_interleaved`): each sample is one
 block of steps lasting about 20 ms, the repeats are its rounds with the steps interleaved, and
 the minimum over the repeats is reported, on this thread's CPU clock (`time.thread_time`,
@@ -67,7 +73,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.cli_types import positive_int
+from bench.cli_types import non_negative_float, positive_int
 from bench.harness.timing import time_interleaved, warm
 from glai_kernels.glai import make_optimizer, match, paper_training, prune
 from glai_kernels.glai.fused_step import FusedSparseStep
@@ -79,6 +85,7 @@ from glai_kernels.paper_heads import PAPER_HEADS
 # seconds of steps per sample (one timing block)
 SAMPLE_S = 0.02
 CPU = torch.device("cpu")
+SWEEP = "sweep"  # `--beside`'s pass over memory, timed alone
 
 
 def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
@@ -235,6 +242,39 @@ def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats
     return {key: timings[text].min_s for key, text in label.items()}
 
 
+class _Sweep:
+    """An in-place add of 1 over `mib` MiB of float32, one pass a call."""
+
+    def __init__(self, mib: float) -> None:
+        self.buffer = torch.zeros(max(1, round(mib * 2**20 / 4)))
+
+    def __call__(self) -> None:
+        self.buffer.add_(1.0)
+
+
+def beside(steps: dict[str, Callable[[], None]], mib: float
+           ) -> dict[str, Callable[[], None]]:
+    """`steps`, each followed by an in-place pass over `mib` MiB of float32 (one buffer shared
+    by all), and that pass alone under SWEEP (`--beside`; `without_sweep` subtracts it)."""
+    if mib <= 0:
+        raise ValueError(f"--beside must be a positive number of MiB, got {mib}")
+    sweep = _Sweep(mib)
+
+    def followed(step: Callable[[], None]) -> Callable[[], None]:
+        def step_then_sweep() -> None:
+            step()
+            sweep()
+        return step_then_sweep
+    return {**{name: followed(step) for name, step in steps.items()}, SWEEP: sweep}
+
+
+def without_sweep(best: dict[tuple, float]) -> dict[tuple, float]:
+    """`best` keyed (step, *rest) with the SWEEP entry of the same rest (thread count, clock)
+    subtracted from each step's time, and the SWEEP entries left out."""
+    return {key: seconds - best[(SWEEP, *key[1:])] for key, seconds in best.items()
+            if key[0] != SWEEP}
+
+
 def sparse_backend(name: str) -> str:
     """`--backend`: a registered backend of the sparse op."""
     from glai_kernels.sparse import SPARSE_ESTIMATOR
@@ -262,12 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=positive_int,
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
+    parser.add_argument("--beside", type=non_negative_float, default=0.0, metavar="MIB",
+                        help="follow every step with a pass over MIB MiB of memory, its own "
+                             "time subtracted: the steps with their caches taken (default: 0, "
+                             "back to back)")
     args = parser.parse_args(argv)
+    if args.beside and args.pieces:
+        parser.error("argument --beside: times the steps, not --pieces")
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
           f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step; the "
           f"paper protocol's ratio (ordinary / ordinary) and the engineered one's (GLAI fused "
-          f"/ the fastest engineered MLP step)")
+          f"/ the fastest engineered MLP step)"
+          + (f"; each step beside a {args.beside:g} MiB pass over memory, the pass's own time "
+             f"subtracted" if args.beside else ""))
     clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
     if args.pieces:
         for name in args.heads:
@@ -278,9 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name in args.heads:
         steps, what = head_steps(name, args.backend, args.batch, not args.no_compile)
+        if args.beside:
+            steps = beside(steps, args.beside)
         best = {(model, n, c): seconds for c, clock in clocks.items()
                 for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
                                                       clock).items()}
+        if args.beside:
+            best = without_sweep(best)
+            steps.pop(SWEEP)
         for n in args.threads:
             cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps}) for c in clocks)
             print(f"{name} ({what}, {n} thread{'s' if n > 1 else ''})  {cells}", flush=True)

@@ -108,6 +108,7 @@ BAD_ARGUMENTS = [
     (["sparse-torch-candidates", "--batches", "0"], "argument --batches: must be a positive"),
     (["sparse-train-step", "--threads", "0"], "argument --threads: must be a positive"),
     (["sparse-train-step", "--backend", "nope"], "argument --backend: unknown"),
+    (["sparse-train-step", "--beside", "-1"], "argument --beside: must be a non-negative"),
     (["sparse-kernels-floor", "--ghz", "-1"], "argument --ghz: must be a positive number"),
     (["sparse-kernels-floor", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
     (["call-anatomy", "--batch", "0"], "argument --batch: must be a positive integer"),
