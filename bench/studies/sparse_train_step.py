@@ -86,6 +86,9 @@ from glai_kernels.paper_heads import PAPER_HEADS
 SAMPLE_S = 0.02
 CPU = torch.device("cpu")
 SWEEP = "sweep"  # `--beside`'s pass over memory, timed alone
+# `--beside`'s largest pass: past every cache level of the CPUs measured (the Intel Xeon's VM
+# reports 300 MiB of L3), and far from a machine's memory, which a pass per step would thrash
+MAX_BESIDE_MIB = 1024.0
 
 
 def _stepper(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
@@ -242,23 +245,27 @@ def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats
     return {key: timings[text].min_s for key, text in label.items()}
 
 
-class _Sweep:
-    """An in-place add of 1 over `mib` MiB of float32, one pass a call."""
+class Sweep:
+    """An in-place add of 1 over `mib` MiB of float32, one pass a call (`--beside`)."""
 
     def __init__(self, mib: float) -> None:
-        self.buffer = torch.zeros(max(1, round(mib * 2**20 / 4)))
+        if not 0 < mib <= MAX_BESIDE_MIB:
+            raise ValueError(f"--beside must be a number of MiB in (0, {MAX_BESIDE_MIB:g}], "
+                             f"got {mib:g}")
+        try:
+            self.buffer = torch.zeros(max(1, round(mib * 2**20 / 4)))
+        except (RuntimeError, TypeError, OverflowError) as e:  # the allocator's refusal
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"--beside {mib:g} MiB: cannot allocate it ({reason})") from None
 
     def __call__(self) -> None:
         self.buffer.add_(1.0)
 
 
-def beside(steps: dict[str, Callable[[], None]], mib: float
+def beside(steps: dict[str, Callable[[], None]], sweep: Sweep
            ) -> dict[str, Callable[[], None]]:
-    """`steps`, each followed by an in-place pass over `mib` MiB of float32 (one buffer shared
-    by all), and that pass alone under SWEEP (`--beside`; `without_sweep` subtracts it)."""
-    if mib <= 0:
-        raise ValueError(f"--beside must be a positive number of MiB, got {mib}")
-    sweep = _Sweep(mib)
+    """`steps`, each followed by one `sweep` (one buffer shared by all), and the sweep alone
+    under SWEEP (`--beside`; `without_sweep` subtracts it)."""
 
     def followed(step: Callable[[], None]) -> Callable[[], None]:
         def step_then_sweep() -> None:
@@ -309,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.beside and args.pieces:
         parser.error("argument --beside: times the steps, not --pieces")
+    sweep = None
+    if args.beside:
+        try:  # allocated before any head is built: a size it cannot have fails at once
+            sweep = Sweep(args.beside)
+        except ValueError as e:
+            parser.error(f"argument {e}")
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
           f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
           f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step; the "
@@ -326,12 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name in args.heads:
         steps, what = head_steps(name, args.backend, args.batch, not args.no_compile)
-        if args.beside:
-            steps = beside(steps, args.beside)
+        if sweep is not None:
+            steps = beside(steps, sweep)
         best = {(model, n, c): seconds for c, clock in clocks.items()
                 for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
                                                       clock).items()}
-        if args.beside:
+        if sweep is not None:
             best = without_sweep(best)
             steps.pop(SWEEP)
         for n in args.threads:

@@ -19,7 +19,7 @@ STEP_NAMES = ("MLP", "GLAI", "GLAI, extension GEMM", "GLAI fused", "GLAI fused, 
 def test_beside_runs_each_step_then_one_pass_over_the_memory():
     calls: list[str] = []
     steps = study.beside({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-                         0.5)
+                         study.Sweep(0.5))
     assert set(steps) == {"a", "b", study.SWEEP}
     sweep = steps[study.SWEEP]
     assert sweep.buffer.numel() * 4 == 2**19  # 0.5 MiB of float32
@@ -29,7 +29,7 @@ def test_beside_runs_each_step_then_one_pass_over_the_memory():
     steps[study.SWEEP]()  # the pass alone runs no step
     assert calls == ["a", "b"] and bool((sweep.buffer == 3).all())
     with pytest.raises(ValueError, match="--beside"):
-        study.beside({"a": lambda: None}, 0)
+        study.Sweep(0)
 
 
 def test_without_sweep_subtracts_the_pass_of_the_same_threads_and_clock():
@@ -63,8 +63,28 @@ def test_main_reports_the_steps_less_the_pass(monkeypatch, capsys):
     assert "paper ratio 1.50x" in out and study.SWEEP not in out.split("\n", 1)[1]
 
 
-def test_beside_refuses_pieces(capsys):
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--pieces", "--beside", "1"], "argument --beside: times the steps, not --pieces"),
+    (["--beside", "1e15"], "argument --beside must be a number of MiB in (0, 1024], got 1e+15"),
+    (["--beside", "1025"], "argument --beside must be a number of MiB in (0, 1024], got 1025"),
+])
+def test_beside_refuses_before_building_a_head(monkeypatch, capsys, argv, message):
+    def no_head(*args, **kwargs):
+        raise AssertionError("a head was built")
+
+    monkeypatch.setattr(study, "head_steps", no_head)
+    monkeypatch.setattr(study, "ordinary_pieces", no_head)
     with pytest.raises(SystemExit) as e:
-        study.main(["--pieces", "--beside", "1"])
+        study.main(argv)
     assert e.value.code == 2
-    assert "argument --beside: times the steps, not --pieces" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_a_pass_the_allocator_refuses_is_named(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nframe #0: ...")
+
+    monkeypatch.setattr(study.torch, "zeros", refuse)
+    with pytest.raises(ValueError, match=r"^--beside 512 MiB: cannot allocate it "
+                                         r"\(DefaultCPUAllocator: can't allocate memory\)$"):
+        study.Sweep(512)
