@@ -310,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows per step (default: the paper's batch size; a family C "
                              "episode feeds way x (shot + query) rows: 50 at C1, 75 at C2)")
     parser.add_argument("--beside", type=non_negative_float, default=0.0, metavar="MIB",
-                        help="follow every step with a pass over MIB MiB of memory, its own "
-                             "time subtracted: the steps with their caches taken (default: 0, "
-                             "back to back)")
+                        help="follow every step with a pass over MIB MiB of memory (at most "
+                             f"{MAX_BESIDE_MIB:g}), its own time subtracted: the steps with "
+                             "their caches taken (default: 0, back to back)")
     args = parser.parse_args(argv)
     if args.beside and args.pieces:
         parser.error("argument --beside: times the steps, not --pieces")
