@@ -48,6 +48,7 @@ without autograd and its selector alone; forward + loss + backward; the loss and
 alone (on a leaf y); torch.optim's Adam step and torch's `_fused_adam_` kernel alone. Derived:
 the backward through the estimator's autograd node, the optimizer's Python wrapper, the
 recording of the autograd graph, and what is left of the step (the pieces' interaction).
+
 `--beside MIB` times every step followed by an in-place pass over MIB MiB of float32 (an
 add of 1), with the pass alone timed in the same interleaving and subtracted from each step:
 the steps with their caches taken between steps, as other work in a training loop takes them,
