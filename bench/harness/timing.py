@@ -44,6 +44,9 @@ class Timing:
     samples: int
     calls: int
     total_s: float = 0.0  # wall time spent timing, warm-ups included
+    # each round's sample in round order, where the rounds interleave several fns
+    # (`time_interleaved`): a round's samples of two fns are paired in time
+    rounds: tuple[float, ...] = ()
 
     @property
     def iqr_s(self) -> float:
@@ -186,7 +189,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], per_call_s: dict[str,
                 samples[name].append(timers[name].timeit(number[name]).median)
             spent[name] += time.perf_counter() - start
     return {name: dataclasses.replace(Timing.of(samples[name], number[name] * rounds),
-                                      total_s=spent[name]) for name in fns}
+                                      total_s=spent[name], rounds=tuple(samples[name]))
+            for name in fns}
 
 
 def time_calls(fns: dict[str, Callable[[], object]], per_call_s: dict[str, float],

@@ -62,13 +62,19 @@ with more than one thread it leaves out the other threads' work: read the wall c
 and on the wall clock (one interleaved timing per clock, the CPU clock's first). With several
 thread counts (`--threads 1 2`) the counts take turns inside each repeat too, and a last line
 per head compares each step at its own best thread count (wall clock): what a user who picks
-the thread count per model gets.
+the thread count per model gets. The two protocols' ratios are also given round by round,
+median [min, max]: one round's blocks of the two steps run next to each other, so their ratio
+leaves out what moves the host between rounds (its clock, other work), where the ratio of two
+minima can pair a quiet round of one step with a noisy one of the other (docs/notes/sparse.md,
+"The step on the Intel Xeon again: a noisy host, and the cache state both steps run in (issue
+41, stop 56)").
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import time
 from collections.abc import Callable
 
@@ -229,8 +235,16 @@ def _pieces_line(name: str, t: dict[str, float]) -> str:
 
 def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats: int,
                clock: Callable[[], float]) -> dict[tuple[str, int], float]:
-    """{(step name, thread count): the fastest sample's seconds per step} on `clock`, every
-    step at every thread count interleaved in each of `repeats` rounds."""
+    """{(step name, thread count): the fastest round's seconds per step} (`step_rounds`)."""
+    return {key: min(times) for key, times in step_rounds(steps, threads, repeats,
+                                                          clock).items()}
+
+
+def step_rounds(steps: dict[str, Callable[[], None]], threads: list[int], repeats: int,
+                clock: Callable[[], float]) -> dict[tuple[str, int], tuple[float, ...]]:
+    """{(step name, thread count): each round's seconds per step, in round order} on
+    `clock`, every step at every thread count interleaved in each of `repeats` rounds (so one
+    round's times of two steps are paired in time)."""
     label = {(name, n): f"{name} @{n}" for name in steps for n in threads}
     fns = {text: steps[name] for (name, _), text in label.items()}
     previous, per_call = torch.get_num_threads(), {}
@@ -243,7 +257,7 @@ def best_steps(steps: dict[str, Callable[[], None]], threads: list[int], repeats
         torch.set_num_threads(previous)
     timings = time_interleaved(fns, per_call, SAMPLE_S * repeats, repeats, clock=clock,
                                threads={text: n for (_, n), text in label.items()})
-    return {key: timings[text].min_s for key, text in label.items()}
+    return {key: timings[text].rounds for key, text in label.items()}
 
 
 class Sweep:
@@ -276,11 +290,18 @@ def beside(steps: dict[str, Callable[[], None]], sweep: Sweep
     return {**{name: followed(step) for name, step in steps.items()}, SWEEP: sweep}
 
 
-def without_sweep(best: dict[tuple, float]) -> dict[tuple, float]:
-    """`best` keyed (step, *rest) with the SWEEP entry of the same rest (thread count, clock)
-    subtracted from each step's time, and the SWEEP entries left out."""
-    return {key: seconds - best[(SWEEP, *key[1:])] for key, seconds in best.items()
-            if key[0] != SWEEP}
+def without_sweep(rounds: dict[tuple, tuple[float, ...]]) -> dict[tuple, tuple[float, ...]]:
+    """`rounds` keyed (step, *rest), each round's time less the SWEEP's time in the same
+    round of the same rest (thread count, clock), and the SWEEP entries left out."""
+    return {key: tuple(t - s for t, s in zip(times, rounds[(SWEEP, *key[1:])], strict=True))
+            for key, times in rounds.items() if key[0] != SWEEP}
+
+
+def _spread(numerator: tuple[float, ...], denominator: tuple[float, ...]) -> str:
+    """The round-by-round ratio of two steps' times: median [min, max]."""
+    ratios = [a / b for a, b in zip(numerator, denominator, strict=True)]
+    return (f"per round {statistics.median(ratios):.2f}x [{min(ratios):.2f}, "
+            f"{max(ratios):.2f}]")
 
 
 def sparse_backend(name: str) -> str:
@@ -324,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(f"argument {e}")
     print(f"torch {torch.__version__}, {' and '.join(map(str, args.threads))} thread(s), "
-          f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats; GLAI "
+          f"sparse backend {args.backend}, min over {args.repeats} interleaved repeats (the "
+          f"protocols' ratios also repeat by repeat: median [min, max]); GLAI "
           f"(autograd) and GLAI fused step (Adam in the kernel, and torch's) / MLP step; the "
           f"paper protocol's ratio (ordinary / ordinary) and the engineered one's (GLAI fused "
           f"/ the fastest engineered MLP step)"
@@ -342,14 +364,16 @@ def main(argv: list[str] | None = None) -> int:
         steps, what = head_steps(name, args.backend, args.batch, not args.no_compile)
         if sweep is not None:
             steps = beside(steps, sweep)
-        best = {(model, n, c): seconds for c, clock in clocks.items()
-                for (model, n), seconds in best_steps(steps, args.threads, args.repeats,
-                                                      clock).items()}
+        rounds = {(model, n, c): times for c, clock in clocks.items()
+                  for (model, n), times in step_rounds(steps, args.threads, args.repeats,
+                                                       clock).items()}
         if sweep is not None:
-            best = without_sweep(best)
+            rounds = without_sweep(rounds)
             steps.pop(SWEEP)
+        best = {key: min(times) for key, times in rounds.items()}
         for n in args.threads:
-            cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps}) for c in clocks)
+            cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps},
+                                     {m: rounds[m, n, c] for m in steps}) for c in clocks)
             print(f"{name} ({what}, {n} thread{'s' if n > 1 else ''})  {cells}", flush=True)
         if len(args.threads) > 1:
             wall = {m: min((best[m, n, "wall"], n) for n in args.threads) for m in steps}
@@ -360,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cells(clock: str, best: dict[str, float]) -> str:
+def _cells(clock: str, best: dict[str, float],
+           rounds: dict[str, tuple[float, ...]] | None = None) -> str:
+    """One clock's cells: each step's fastest round and its ratio to the MLP step, then the
+    two protocols' ratios, of the fastest rounds and, given `rounds`, round by round."""
     mlp, glai, fused = best["MLP"], best["GLAI"], best["GLAI fused"]
     glai_ext = best["GLAI, extension GEMM"]
     torch_adam, python = best["GLAI fused, torch Adam"], best["GLAI fused, Python"]
@@ -374,8 +401,10 @@ def _cells(clock: str, best: dict[str, float]) -> str:
             f"fused {1e3 * fused:.3f} ms ({fused / mlp:.2f}x), fused with torch's Adam "
             f"{1e3 * torch_adam:.3f} ms ({torch_adam / mlp:.2f}x), fused's Python path "
             f"{1e3 * python:.3f} ms ({python / mlp:.2f}x); MLP engineered{others}: "
-            f"paper ratio {glai / mlp:.2f}x, engineered ratio (fused / {winner[4:]}) "
-            f"{fused / engineered[winner]:.2f}x")
+            f"paper ratio {glai / mlp:.2f}x"
+            + (f" ({_spread(rounds['GLAI'], rounds['MLP'])})" if rounds else "")
+            + f", engineered ratio (fused / {winner[4:]}) {fused / engineered[winner]:.2f}x"
+            + (f" ({_spread(rounds['GLAI fused'], rounds[winner])})" if rounds else ""))
 
 
 if __name__ == "__main__":

@@ -32,35 +32,60 @@ def test_beside_runs_each_step_then_one_pass_over_the_memory():
         study.Sweep(0)
 
 
-def test_without_sweep_subtracts_the_pass_of_the_same_threads_and_clock():
-    best = {("MLP", 1, "cpu"): 3.0, ("MLP", 2, "cpu"): 2.0, ("MLP", 1, "wall"): 5.0,
-            (study.SWEEP, 1, "cpu"): 1.0, (study.SWEEP, 2, "cpu"): 0.5,
-            (study.SWEEP, 1, "wall"): 2.0}
-    assert study.without_sweep(best) == {("MLP", 1, "cpu"): 2.0, ("MLP", 2, "cpu"): 1.5,
-                                         ("MLP", 1, "wall"): 3.0}
+def test_without_sweep_subtracts_the_pass_of_the_same_round_threads_and_clock():
+    rounds = {("MLP", 1, "cpu"): (3.0, 4.0), ("MLP", 2, "cpu"): (2.0, 2.0),
+              ("MLP", 1, "wall"): (5.0, 6.0), (study.SWEEP, 1, "cpu"): (1.0, 2.0),
+              (study.SWEEP, 2, "cpu"): (0.5, 0.25), (study.SWEEP, 1, "wall"): (2.0, 2.0)}
+    assert study.without_sweep(rounds) == {("MLP", 1, "cpu"): (2.0, 2.0),
+                                           ("MLP", 2, "cpu"): (1.5, 1.75),
+                                           ("MLP", 1, "wall"): (3.0, 4.0)}
 
 
-def test_main_reports_the_steps_less_the_pass(monkeypatch, capsys):
-    """The ratios printed are those of the steps' own times: (4 - 1) / (3 - 1) = 1.50 for the
-    paper protocol, where the times with the pass would give 1.33."""
+# each step's seconds in three rounds, the pass's time included where --beside adds it
+ROUNDS = {"MLP": (3e-3, 5e-3, 4e-3), "GLAI": (4e-3, 7e-3, 9e-3), "GLAI fused": (3e-3, 3e-3, 3e-3),
+          "MLP hand-fused": (2e-3, 2e-3, 3e-3)}
+PASS = (1e-3, 1e-3, 2e-3)
+
+
+def _fake_study(monkeypatch, rounds):
     seen: dict[str, object] = {}
 
     def fake_head_steps(name, backend, batch, compiled):
         return {m: (lambda: None) for m in STEP_NAMES}, "fake"
 
-    def fake_best_steps(steps, threads, repeats, clock):
+    def fake_step_rounds(steps, threads, repeats, clock):
         seen["steps"] = set(steps)
-        with_pass = {"MLP": 3e-3, "GLAI": 4e-3, study.SWEEP: 1e-3}
-        return {(m, n): with_pass.get(m, 2e-3) for m in steps for n in threads}
+        return {(m, n): rounds.get(m, (9e-3,) * 3) for m in steps for n in threads}
 
     monkeypatch.setattr(study, "head_steps", fake_head_steps)
-    monkeypatch.setattr(study, "best_steps", fake_best_steps)
+    monkeypatch.setattr(study, "step_rounds", fake_step_rounds)
+    return seen
+
+
+def test_main_reports_the_fastest_rounds_and_the_ratios_round_by_round(monkeypatch, capsys):
+    """Paper: min 4 / min 3 = 1.33; per round 4/3, 7/5, 9/4 = 1.33, 1.40, 2.25. Engineered:
+    fused / hand-fused (the fastest engineered step) 3/2 = 1.50; per round 1.50, 1.50, 1.00."""
+    _fake_study(monkeypatch, ROUNDS)
+    assert study.main(["--heads", "A2", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"cpu: MLP 3\.000 ms, GLAI 4\.000 ms \(1\.33x", out)
+    assert "paper ratio 1.33x (per round 1.40x [1.33, 2.25])" in out
+    assert "engineered ratio (fused / hand-fused) 1.50x (per round 1.50x [1.00, 1.50])" in out
+
+
+def test_main_reports_the_steps_less_the_pass(monkeypatch, capsys):
+    """With --beside each round's pass is taken from the same round's steps: MLP (2, 4, 2),
+    GLAI (3, 6, 7), paper 3 / 2 = 1.50, per round 1.50, 1.50, 3.50."""
+    with_pass = {m: tuple(t + p for t, p in zip(times, PASS, strict=True))
+                 for m, times in {"MLP": (2e-3, 4e-3, 2e-3), "GLAI": (3e-3, 6e-3, 7e-3)}.items()}
+    seen = _fake_study(monkeypatch, {**ROUNDS, **with_pass, study.SWEEP: PASS})
     assert study.main(["--heads", "A2", "--beside", "0.25", "--no-compile"]) == 0
     out = capsys.readouterr().out
     assert seen["steps"] == {*STEP_NAMES, study.SWEEP}
     assert "each step beside a 0.25 MiB pass over memory" in out
     assert re.search(r"cpu: MLP 2\.000 ms, GLAI 3\.000 ms \(1\.50x", out)
-    assert "paper ratio 1.50x" in out and study.SWEEP not in out.split("\n", 1)[1]
+    assert "paper ratio 1.50x (per round 1.50x [1.50, 3.50])" in out
+    assert study.SWEEP not in out.split("\n", 1)[1]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

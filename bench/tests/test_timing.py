@@ -36,6 +36,19 @@ def test_each_function_runs_at_its_own_thread_count(per_call_s):
     assert all(t.samples == 2 for t in out.values())
 
 
+def test_interleaved_rounds_keep_each_rounds_sample_in_order():
+    """`Timing.rounds`: one sample a round in round order, the one `min_s` and the quartiles
+    come from; the study pairs two fns' samples of the same round."""
+    naps = iter([0.004, 0.001, 0.003] * 2)  # "slow": one nap a round, in this order
+    fns = {"slow": lambda: time.sleep(next(naps)), "quick": lambda: None}
+    out = timing.time_interleaved(fns, {"slow": timing.SINGLE_CALL_S, "quick": 1e-6},
+                                  min_time_s=0.003, rounds=3)
+    slow = out["slow"].rounds
+    assert len(slow) == 3 and len(out["quick"].rounds) == 3
+    assert slow[0] > slow[2] > slow[1] >= 0.001  # the naps' order
+    assert out["slow"].min_s == min(slow) and out["slow"].samples == 3
+
+
 def test_time_calls_times_on_the_cpu_and_fills_the_rows_fields():
     assert timing.time_calls({}, {}, CPU, min_time_s=0.01, rounds=2) == {}
     fns = {"a": lambda: torch.ones(100).sum()}
