@@ -371,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
             rounds = without_sweep(rounds)
             steps.pop(SWEEP)
         best = {key: min(times) for key, times in rounds.items()}
+        if any(t <= 0 for times in rounds.values() for t in times):
+            # a step less its pass came out ≤ 0 in some round: the pass's noise swamps it
+            print(f"{name} ({what}): a step's time less the {args.beside:g} MiB pass came out "
+                  f"≤ 0 in a round (the pass's own spread is larger than the step); no ratios: "
+                  f"use a smaller --beside", flush=True)
+            continue
         for n in args.threads:
             cells = "  ".join(_cells(c, {m: best[m, n, c] for m in steps},
                                      {m: rounds[m, n, c] for m in steps}) for c in clocks)

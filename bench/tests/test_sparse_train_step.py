@@ -113,3 +113,14 @@ def test_a_pass_the_allocator_refuses_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"^--beside 512 MiB: cannot allocate it "
                                          r"\(DefaultCPUAllocator: can't allocate memory\)$"):
         study.Sweep(512)
+
+
+def test_a_pass_that_swamps_the_steps_gives_no_ratios(monkeypatch, capsys):
+    """A step less its pass ≤ 0 in a round (the pass's spread larger than the step): the head
+    is named and no ratio is printed, where a negative or infinite one would be."""
+    swamped = {**ROUNDS, "MLP": PASS, study.SWEEP: PASS}  # MLP less the pass: 0 every round
+    _fake_study(monkeypatch, swamped)
+    assert study.main(["--heads", "A2", "--beside", "1", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "A2 (fake): a step's time less the 1 MiB pass came out ≤ 0" in out
+    assert "paper ratio" not in out and "engineered ratio" not in out
