@@ -88,6 +88,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sparse-kernels-floor": ("bench.studies.sparse_kernels_floor",
                              "the sparse cpp kernels of a training step per kept entry "
                              "(--step: the engineered ratio with them at their floors)"),
+    "step-anatomy": ("bench.studies.step_anatomy",
+                     "the engineered steps' time by part, GLAI's and the MLP's side by side"),
     "call-anatomy": ("bench.studies.call_anatomy",
                      "one call's event time against its host and kernel times, per backend"),
     "vmap-heads": ("bench.studies.vmap_heads",

@@ -111,6 +111,8 @@ BAD_ARGUMENTS = [
     (["sparse-train-step", "--beside", "-1"], "argument --beside: must be a non-negative"),
     (["sparse-kernels-floor", "--ghz", "-1"], "argument --ghz: must be a positive number"),
     (["sparse-kernels-floor", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
+    (["step-anatomy", "--rounds", "0"], "argument --rounds: must be a positive integer"),
+    (["step-anatomy", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
     (["call-anatomy", "--batch", "0"], "argument --batch: must be a positive integer"),
     (["call-anatomy", "--heads", "Z9"], "argument --heads: invalid choice: 'Z9'"),
     (["dispatch-overhead", "--rounds", "3"], "unrecognized arguments: --rounds 3"),
