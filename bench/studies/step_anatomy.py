@@ -14,7 +14,8 @@ clock, one thread):
   loss      the step's loss, (y - target)² mean, and its gradient to y by autograd, on a leaf
   update    the step's update call alone (`glai_ext::sparse_step_update` /
             `glai_ext::mlp_step_update`), replayed likewise
-  sequence  the three one after the other, as the step runs them (the loss on the forward's y)
+  sequence  the three one after the other, as the step runs them (the loss on the forward's y;
+            the update, as alone, on the operands recorded, its gradient included)
   step      the whole step
 
 and, round by round, two differences: `python` = step - sequence (the step's own Python: its
